@@ -1,0 +1,16 @@
+//! Kafka header names written and read by hookline. Part of the record contracts (README).
+
+/// On `<p>.invalid`: the closed reason (`not_json`, `missing_id`, …).
+pub const INVALID_REASON: &str = "hookline-invalid-reason";
+/// On `<p>.invalid`: a human explanation naming the field.
+pub const INVALID_DETAIL: &str = "hookline-invalid-detail";
+/// On `<p>.invalid`: where the record came from.
+pub const SOURCE_TOPIC: &str = "hookline-source-topic";
+pub const SOURCE_PARTITION: &str = "hookline-source-partition";
+pub const SOURCE_OFFSET: &str = "hookline-source-offset";
+
+/// On `<p>.dedupe` and later: facts of the validated envelope, so later stages need not re-parse.
+pub const EVENT_ID: &str = "hookline-event-id";
+pub const EVENT_TYPE: &str = "hookline-event-type";
+pub const TENANT: &str = "hookline-tenant";
+pub const DEDUPE_KEY: &str = "hookline-dedupe-key";

@@ -1,0 +1,170 @@
+//! Kafka client builders shared by every stage, and `topics apply`.
+//!
+//! Every client gets `kafka.bootstrap_servers` plus the `kafka.options` passthrough (TLS, SASL…);
+//! the stage-specific settings that correctness depends on are set here, after the passthrough,
+//! so a config file cannot silently turn them off.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use anyhow::{bail, Context as _};
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, ResourceSpecifier, TopicReplication};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::config::ClientConfig;
+use rdkafka::error::RDKafkaErrorCode;
+
+use crate::config::Config;
+use crate::topics::{drift, plan, Drift, TopicSpec};
+
+/// Base client configuration: bootstrap servers and the operator's passthrough options.
+pub fn base_config(config: &Config) -> ClientConfig {
+    let mut c = ClientConfig::new();
+    c.set("bootstrap.servers", &config.kafka.bootstrap_servers);
+    c.set("client.id", "hookline");
+    for (k, v) in &config.kafka.options {
+        c.set(k, v);
+    }
+    c
+}
+
+/// A consumer for at-least-once processing: offsets are stored by the application only once the
+/// work for a record is done, and committed in the background.
+pub fn consumer_config(config: &Config, stage: &str) -> ClientConfig {
+    let mut c = base_config(config);
+    c.set("group.id", config.group_id(stage))
+        .set("enable.auto.commit", "true")
+        .set("auto.commit.interval.ms", "1000")
+        .set("enable.auto.offset.store", "false")
+        .set("auto.offset.reset", "earliest")
+        .set("isolation.level", "read_committed")
+        .set("partition.assignment.strategy", "cooperative-sticky")
+        .set("enable.partition.eof", "false");
+    if let Some(id) = &config.kafka.instance_id {
+        c.set("group.instance.id", format!("{id}.{stage}"));
+    }
+    c
+}
+
+/// An idempotent producer (no duplicates or reordering from its own retries).
+pub fn producer_config(config: &Config) -> ClientConfig {
+    let mut c = base_config(config);
+    c.set("enable.idempotence", "true")
+        .set("acks", "all")
+        .set("linger.ms", "5")
+        .set("compression.type", "lz4")
+        .set(
+            "message.max.bytes",
+            crate::topics::MAX_MESSAGE_BYTES.to_string(),
+        );
+    c
+}
+
+/// What `topics apply` did.
+#[derive(Debug, Default)]
+pub struct ApplyReport {
+    pub created: Vec<String>,
+    pub unchanged: Vec<String>,
+    pub drift: Vec<Drift>,
+}
+
+/// Creates every missing topic of the plan; describes the existing ones and reports drift.
+/// Never alters an existing topic: partition counts in particular decide where dedupe keys live.
+pub async fn apply_topics(config: &Config, timeout: Duration) -> anyhow::Result<ApplyReport> {
+    let admin: AdminClient<DefaultClientContext> = base_config(config)
+        .create()
+        .context("creating the Kafka admin client")?;
+    let specs = plan(config);
+    let existing = existing_topics(&admin, timeout)?;
+    let opts = AdminOptions::new()
+        .request_timeout(Some(timeout))
+        .operation_timeout(Some(timeout));
+    let mut report = ApplyReport::default();
+
+    let missing: Vec<&TopicSpec> = specs
+        .iter()
+        .filter(|s| !existing.contains_key(&s.name))
+        .collect();
+    if !missing.is_empty() {
+        let new_topics: Vec<NewTopic> = missing
+            .iter()
+            .map(|s| {
+                let mut t = NewTopic::new(
+                    &s.name,
+                    s.partitions,
+                    TopicReplication::Fixed(s.replication_factor),
+                );
+                for (k, v) in &s.configs {
+                    t = t.set(k, v);
+                }
+                t
+            })
+            .collect();
+        for result in admin
+            .create_topics(new_topics.iter(), &opts)
+            .await
+            .context("creating topics")?
+        {
+            match result {
+                Ok(name) => report.created.push(name),
+                // Created concurrently by another `apply`: describe it like any existing topic.
+                Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
+                Err((name, code)) => bail!("creating topic {name}: {code}"),
+            }
+        }
+    }
+
+    let existing = existing_topics(&admin, timeout)?;
+    let to_describe: Vec<&TopicSpec> = specs
+        .iter()
+        .filter(|s| !report.created.contains(&s.name))
+        .collect();
+    if !to_describe.is_empty() {
+        let resources: Vec<ResourceSpecifier> = to_describe
+            .iter()
+            .map(|s| ResourceSpecifier::Topic(&s.name))
+            .collect();
+        let described = admin
+            .describe_configs(resources.iter(), &opts)
+            .await
+            .context("describing topic configs")?;
+        for (spec, result) in to_describe.iter().zip(described) {
+            let resource =
+                result.map_err(|code| anyhow::anyhow!("describing topic {}: {code}", spec.name))?;
+            let configs: BTreeMap<String, String> = resource
+                .entries
+                .iter()
+                .filter_map(|e| e.value.clone().map(|v| (e.name.clone(), v)))
+                .collect();
+            let (partitions, rf) = existing.get(&spec.name).copied().unwrap_or((0, 0));
+            let d = drift(spec, partitions, rf, &configs);
+            if d.is_empty() {
+                report.unchanged.push(spec.name.clone());
+            }
+            report.drift.extend(d);
+        }
+    }
+    Ok(report)
+}
+
+/// Topic name → (partitions, replication factor of partition 0).
+fn existing_topics(
+    admin: &AdminClient<DefaultClientContext>,
+    timeout: Duration,
+) -> anyhow::Result<BTreeMap<String, (i32, i32)>> {
+    let md = admin
+        .inner()
+        .fetch_metadata(None, timeout)
+        .context("fetching cluster metadata (is Kafka reachable at kafka.bootstrap_servers?)")?;
+    Ok(md
+        .topics()
+        .iter()
+        .map(|t| {
+            let rf = t
+                .partitions()
+                .first()
+                .map(|p| p.replicas().len() as i32)
+                .unwrap_or(0);
+            (t.name().to_string(), (t.partitions().len() as i32, rf))
+        })
+        .collect())
+}

@@ -1,0 +1,24 @@
+//! Shared pieces of hookline, used by every stage.
+//!
+//! - [`config`]: the TOML + env configuration, validated once at startup.
+//! - [`envelope`]: the input event contract, validation, dedupe keys.
+//! - [`topics`]: topic names and the topic plan; [`kafka`]: client builders and `topics apply`.
+//! - [`headers`]: Kafka header names of the record contracts.
+//! - [`secret`]: Standard Webhooks `whsec_` secrets.
+//! - [`glob`]: event-type globs.
+//! - [`ops`]: `/metrics`, `/healthz`, `/readyz`; [`telemetry`]: logging; [`shutdown`]: SIGTERM.
+//! - [`keyhash`]: the stable 128-bit hash of dedupe keys and the partition it picks.
+
+pub mod config;
+pub mod envelope;
+pub mod glob;
+pub mod headers;
+pub mod kafka;
+pub mod keyhash;
+pub mod ops;
+pub mod secret;
+pub mod shutdown;
+pub mod telemetry;
+pub mod topics;
+
+pub use config::Config;

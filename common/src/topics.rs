@@ -1,0 +1,240 @@
+//! Topic names and the topic plan implied by the configuration (`hookline topics apply`).
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use crate::config::{tier_name, Config};
+
+/// Names of every topic of one installation, derived from the prefix.
+#[derive(Debug, Clone)]
+pub struct Topics {
+    pub prefix: String,
+}
+
+impl Topics {
+    pub fn new(prefix: &str) -> Self {
+        Topics {
+            prefix: prefix.to_string(),
+        }
+    }
+    pub fn events(&self) -> String {
+        format!("{}.events", self.prefix)
+    }
+    pub fn invalid(&self) -> String {
+        format!("{}.invalid", self.prefix)
+    }
+    pub fn dedupe(&self) -> String {
+        format!("{}.dedupe", self.prefix)
+    }
+    pub fn dedupe_state(&self) -> String {
+        format!("{}.dedupe-state", self.prefix)
+    }
+    pub fn dispatch(&self) -> String {
+        format!("{}.dispatch", self.prefix)
+    }
+    /// The tier whose attempts are due `offset` after the first attempt.
+    pub fn retry(&self, offset: Duration) -> String {
+        format!("{}.retry.{}", self.prefix, tier_name(offset))
+    }
+    pub fn dlq(&self) -> String {
+        format!("{}.dlq", self.prefix)
+    }
+}
+
+/// What one topic should look like.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TopicSpec {
+    pub name: String,
+    pub partitions: i32,
+    pub replication_factor: i32,
+    /// Topic-level configs we own; any other config on the topic is left alone.
+    pub configs: BTreeMap<String, String>,
+    /// One line on why the topic exists, for `topics describe`.
+    pub purpose: &'static str,
+}
+
+/// Largest record value accepted by the pipeline topics (payload limit + header room).
+pub const MAX_MESSAGE_BYTES: usize = 5 * 1024 * 1024;
+
+fn retention(d: Option<Duration>) -> String {
+    match d {
+        None => "-1".into(),
+        Some(d) => d.as_millis().to_string(),
+    }
+}
+
+/// Every topic the configuration implies, in pipeline order.
+pub fn plan(config: &Config) -> Vec<TopicSpec> {
+    let t = Topics::new(&config.topics.prefix);
+    let p = config.topics.partitions;
+    let rf = config.topics.replication_factor;
+    let spec = |name: String, purpose: &'static str, retention_ms: Option<Duration>| {
+        let mut configs = BTreeMap::new();
+        configs.insert("cleanup.policy".to_string(), "delete".to_string());
+        configs.insert("retention.ms".to_string(), retention(retention_ms));
+        configs.insert(
+            "max.message.bytes".to_string(),
+            MAX_MESSAGE_BYTES.to_string(),
+        );
+        TopicSpec {
+            name,
+            partitions: p,
+            replication_factor: rf,
+            configs,
+            purpose,
+        }
+    };
+    let flow = Some(config.topics.flow_retention);
+    let mut out = vec![
+        spec(t.events(), "input: events written by producers", flow),
+        spec(
+            t.invalid(),
+            "quarantine: records that failed validation (kept forever)",
+            None,
+        ),
+        spec(
+            t.dedupe(),
+            "valid events re-partitioned by our hash of the dedupe key",
+            flow,
+        ),
+        spec(
+            t.dedupe_state(),
+            "changelog of the dedupe seen-set (window + margin)",
+            Some(config.dedupe.window + config.topics.dedupe_state_retention_margin),
+        ),
+        spec(
+            t.dispatch(),
+            "first sightings, exactly once, ready to deliver",
+            flow,
+        ),
+    ];
+    for offset in config.retry.schedule.iter().skip(1) {
+        out.push(spec(
+            t.retry(*offset),
+            "retry tier: deliveries due at this offset from the first attempt",
+            Some(*offset + config.topics.tier_retention_margin),
+        ));
+    }
+    out.push(spec(
+        t.dlq(),
+        "dead letters: deliveries that exhausted the schedule (kept forever)",
+        None,
+    ));
+    out
+}
+
+/// A difference between an existing topic and its spec.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Drift {
+    pub topic: String,
+    pub what: String,
+    pub expected: String,
+    pub actual: String,
+}
+
+impl std::fmt::Display for Drift {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{}: {} is {} (expected {})",
+            self.topic, self.what, self.actual, self.expected
+        )
+    }
+}
+
+/// Compares an existing topic (partition count, replication, configs) with its spec.
+pub fn drift(
+    spec: &TopicSpec,
+    partitions: i32,
+    replication_factor: i32,
+    configs: &BTreeMap<String, String>,
+) -> Vec<Drift> {
+    let mut out = Vec::new();
+    let d = |what: &str, expected: String, actual: String| Drift {
+        topic: spec.name.clone(),
+        what: what.to_string(),
+        expected,
+        actual,
+    };
+    if partitions != spec.partitions {
+        out.push(d(
+            "partitions",
+            spec.partitions.to_string(),
+            partitions.to_string(),
+        ));
+    }
+    if replication_factor != spec.replication_factor {
+        out.push(d(
+            "replication factor",
+            spec.replication_factor.to_string(),
+            replication_factor.to_string(),
+        ));
+    }
+    for (k, v) in &spec.configs {
+        let actual = configs.get(k).cloned().unwrap_or_else(|| "(unset)".into());
+        if &actual != v {
+            out.push(d(k, v.clone(), actual));
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn plan_covers_pipeline_and_tiers() {
+        let c = Config::from_toml_with_env(
+            "[kafka]\nbootstrap_servers = \"x:1\"\n[topics]\nprefix = \"p\"\npartitions = 3\n",
+            "t",
+            Vec::new(),
+        )
+        .expect("config");
+        let names: Vec<String> = plan(&c).into_iter().map(|s| s.name).collect();
+        assert_eq!(
+            names,
+            [
+                "p.events",
+                "p.invalid",
+                "p.dedupe",
+                "p.dedupe-state",
+                "p.dispatch",
+                "p.retry.1m",
+                "p.retry.5m",
+                "p.retry.30m",
+                "p.retry.2h",
+                "p.retry.6h",
+                "p.retry.24h",
+                "p.dlq"
+            ]
+        );
+        let specs = plan(&c);
+        let dlq = specs.last().expect("dlq");
+        assert_eq!(dlq.configs["retention.ms"], "-1");
+        let state = &specs[3];
+        assert_eq!(
+            state.configs["retention.ms"],
+            (48 * 3_600_000u64).to_string()
+        );
+        let tier24 = &specs[10];
+        assert_eq!(
+            tier24.configs["retention.ms"],
+            ((24 + 7 * 24) * 3_600_000u64).to_string()
+        );
+    }
+
+    #[test]
+    fn drift_reports_differences() {
+        let c =
+            Config::from_toml_with_env("[kafka]\nbootstrap_servers = \"x:1\"\n", "t", Vec::new())
+                .expect("config");
+        let spec = plan(&c).remove(0);
+        let mut configs = spec.configs.clone();
+        assert!(drift(&spec, spec.partitions, 1, &configs).is_empty());
+        configs.insert("retention.ms".into(), "1000".into());
+        let d = drift(&spec, 2, 1, &configs);
+        assert_eq!(d.len(), 2);
+        assert!(d[0].to_string().contains("partitions is 2 (expected 6)"));
+    }
+}

@@ -1,0 +1,310 @@
+//! The SSRF guard: endpoints must not reach loopback, private, link-local (cloud metadata),
+//! multicast or reserved addresses unless an operator allow-lists them.
+//!
+//! Two entry points, because reqwest does not call the DNS resolver for IP-literal hosts:
+//! - [`GuardedResolver`] is the HTTP client's resolver: it filters the addresses a name resolves
+//!   to, so the check runs on the addresses actually connected to (this defeats DNS rebinding);
+//! - [`SsrfGuard::check_url`] checks IP-literal hosts before a request is sent. It relies on
+//!   `url::Url`'s WHATWG parser, which normalises `2130706433`, `0x7f000001`, `0177.0.0.1` and
+//!   `127.1` to `127.0.0.1`.
+
+use std::net::IpAddr;
+use std::sync::Arc;
+
+use ipnet::IpNet;
+use reqwest::dns::{Addrs, Name, Resolve, Resolving};
+use url::{Host, Url};
+
+/// Ranges no endpoint may reach unless allow-listed.
+const BLOCKED: &[&str] = &[
+    // IPv4
+    "0.0.0.0/8",          // "this network"
+    "10.0.0.0/8",         // private
+    "100.64.0.0/10",      // carrier-grade NAT
+    "127.0.0.0/8",        // loopback
+    "169.254.0.0/16",     // link-local, cloud metadata (169.254.169.254)
+    "172.16.0.0/12",      // private
+    "192.0.0.0/24",       // IETF protocol assignments
+    "192.0.2.0/24",       // TEST-NET-1
+    "192.168.0.0/16",     // private
+    "198.18.0.0/15",      // benchmarking
+    "198.51.100.0/24",    // TEST-NET-2
+    "203.0.113.0/24",     // TEST-NET-3
+    "224.0.0.0/4",        // multicast
+    "240.0.0.0/4",        // reserved
+    "255.255.255.255/32", // broadcast
+    // IPv6
+    "::/128",        // unspecified
+    "::1/128",       // loopback
+    "::/96",         // IPv4-compatible (deprecated; embeds an IPv4 address)
+    "fc00::/7",      // unique local
+    "fe80::/10",     // link-local
+    "ff00::/8",      // multicast
+    "64:ff9b::/96",  // NAT64 (embeds an IPv4 address)
+    "2001:db8::/32", // documentation
+    "2002::/16",     // 6to4 (embeds an IPv4 address)
+];
+
+/// An address the guard refuses; the error a blocked resolution or request carries.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BlockedAddress {
+    #[error("address {ip} is in the blocked range {range}")]
+    InRange { ip: IpAddr, range: IpNet },
+    #[error("host {host} has no address outside the blocked ranges")]
+    NoAllowedAddress { host: String },
+}
+
+/// Decides whether an address may be connected to.
+#[derive(Debug, Clone)]
+pub struct SsrfGuard {
+    /// Operator exemptions (`http.allow_cidrs`); they win over the blocked ranges.
+    allow: Vec<IpNet>,
+    blocked: Vec<IpNet>,
+}
+
+impl SsrfGuard {
+    /// A guard exempting `allow_cidrs` (e.g. `127.0.0.0/8` for local development).
+    pub fn new(allow_cidrs: &[String]) -> Result<Self, String> {
+        let allow = allow_cidrs
+            .iter()
+            .map(|c| {
+                c.parse::<IpNet>()
+                    .map_err(|e| format!("allow CIDR `{c}` is invalid: {e}"))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let blocked = BLOCKED
+            .iter()
+            .map(|c| {
+                c.parse::<IpNet>()
+                    .map_err(|e| format!("built-in blocked range `{c}` is invalid: {e}"))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(SsrfGuard { allow, blocked })
+    }
+
+    /// `Ok` when `ip` may be connected to. IPv4-mapped IPv6 (`::ffff:a.b.c.d`) is judged as the
+    /// IPv4 address it carries.
+    pub fn check_ip(&self, ip: IpAddr) -> Result<(), BlockedAddress> {
+        let ip = ip.to_canonical();
+        if self.allow.iter().any(|net| net.contains(&ip)) {
+            return Ok(());
+        }
+        match self.blocked.iter().find(|net| net.contains(&ip)) {
+            Some(range) => Err(BlockedAddress::InRange { ip, range: *range }),
+            None => Ok(()),
+        }
+    }
+
+    /// Checks the host of `url` when it is an IP literal; names are left to [`GuardedResolver`].
+    pub fn check_url(&self, url: &Url) -> Result<(), BlockedAddress> {
+        match url.host() {
+            Some(Host::Ipv4(ip)) => self.check_ip(IpAddr::V4(ip)),
+            Some(Host::Ipv6(ip)) => self.check_ip(IpAddr::V6(ip)),
+            Some(Host::Domain(_)) | None => Ok(()),
+        }
+    }
+}
+
+/// The HTTP client's DNS resolver: resolves with the system resolver, drops blocked addresses,
+/// and fails with [`BlockedAddress`] when none is left.
+#[derive(Debug, Clone)]
+pub struct GuardedResolver {
+    guard: Arc<SsrfGuard>,
+}
+
+impl GuardedResolver {
+    pub fn new(guard: Arc<SsrfGuard>) -> Self {
+        GuardedResolver { guard }
+    }
+
+    /// Resolves `host`, keeping only allowed addresses (port 0: the client sets the URL's port).
+    pub async fn lookup(&self, host: &str) -> Result<Vec<std::net::SocketAddr>, BoxError> {
+        // A name like `[::1]` never gets here (IP literals bypass the resolver), but a bare IPv6
+        // string could; lookup_host handles both names and literals.
+        let resolved = tokio::net::lookup_host((host, 0)).await?;
+        let mut kept = Vec::new();
+        let mut first_blocked = None;
+        for addr in resolved {
+            match self.guard.check_ip(addr.ip()) {
+                Ok(()) => kept.push(addr),
+                Err(blocked) => {
+                    first_blocked.get_or_insert(blocked);
+                }
+            }
+        }
+        if kept.is_empty() {
+            let err = first_blocked.unwrap_or_else(|| BlockedAddress::NoAllowedAddress {
+                host: host.to_string(),
+            });
+            return Err(Box::new(err));
+        }
+        Ok(kept)
+    }
+}
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+impl Resolve for GuardedResolver {
+    fn resolve(&self, name: Name) -> Resolving {
+        let this = self.clone();
+        let host = name.as_str().to_string();
+        Box::pin(async move {
+            let kept = this.lookup(&host).await?;
+            Ok(Box::new(kept.into_iter()) as Addrs)
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::Ipv4Addr;
+
+    fn guard() -> SsrfGuard {
+        SsrfGuard::new(&[]).expect("guard")
+    }
+
+    fn ip(s: &str) -> IpAddr {
+        s.parse().expect("test address")
+    }
+
+    #[test]
+    fn every_blocked_range_is_blocked_at_both_ends() {
+        let g = guard();
+        for range in BLOCKED {
+            let net: IpNet = range.parse().expect("range");
+            for addr in [net.network(), net.broadcast()] {
+                assert!(g.check_ip(addr).is_err(), "{addr} in {range} must be blocked");
+            }
+        }
+        for s in [
+            "0.0.0.0",
+            "10.1.2.3",
+            "100.64.0.1",
+            "127.0.0.1",
+            "169.254.169.254",
+            "172.16.0.1",
+            "172.31.255.255",
+            "192.0.0.8",
+            "192.0.2.1",
+            "192.168.1.1",
+            "198.18.0.1",
+            "198.19.255.255",
+            "198.51.100.7",
+            "203.0.113.9",
+            "224.0.0.1",
+            "239.255.255.250",
+            "240.0.0.1",
+            "255.255.255.255",
+            "::",
+            "::1",
+            "fc00::1",
+            "fd12:3456::1",
+            "fe80::1",
+            "ff02::1",
+            "64:ff9b::7f00:1",
+            "2001:db8::1",
+            "2002:7f00:1::1",
+            "::ffff:127.0.0.1",
+            "::ffff:169.254.169.254",
+            "::127.0.0.1",
+        ] {
+            assert!(g.check_ip(ip(s)).is_err(), "{s} must be blocked");
+        }
+    }
+
+    #[test]
+    fn public_addresses_are_allowed() {
+        let g = guard();
+        for s in [
+            "93.184.216.34",
+            "1.1.1.1",
+            "8.8.8.8",
+            "172.32.0.1",
+            "100.128.0.1",
+            "2606:4700::1111",
+            "2a00:1450:4001::200e",
+            "::ffff:93.184.216.34",
+        ] {
+            assert_eq!(g.check_ip(ip(s)), Ok(()), "{s} must be allowed");
+        }
+    }
+
+    #[test]
+    fn blocked_error_names_the_range() {
+        let err = guard().check_ip(ip("::ffff:10.0.0.1")).expect_err("blocked");
+        assert_eq!(
+            err,
+            BlockedAddress::InRange {
+                ip: IpAddr::V4(Ipv4Addr::new(10, 0, 0, 1)),
+                range: "10.0.0.0/8".parse().expect("net"),
+            }
+        );
+    }
+
+    #[test]
+    fn odd_spellings_of_loopback_are_blocked_through_url_parsing() {
+        let g = guard();
+        for url in [
+            "http://127.0.0.1/",
+            "http://2130706433/",
+            "http://0x7f000001/",
+            "http://0177.0.0.1/",
+            "http://127.1/",
+            "http://0x7f.1/",
+            "http://127.0.0.1./",
+            "http://[::1]/",
+            "http://[::ffff:127.0.0.1]/",
+            "http://[::ffff:7f00:1]/",
+            "http://[0:0:0:0:0:ffff:127.0.0.1]:8080/x",
+            "https://169.254.169.254/latest/meta-data/",
+            "http://0/",
+        ] {
+            let parsed = Url::parse(url).expect(url);
+            assert!(
+                matches!(parsed.host(), Some(Host::Ipv4(_)) | Some(Host::Ipv6(_))),
+                "{url} must parse to an IP literal, got {:?}",
+                parsed.host()
+            );
+            assert!(g.check_url(&parsed).is_err(), "{url} must be blocked");
+        }
+        let public = Url::parse("https://93.184.216.34/hook").expect("url");
+        assert_eq!(g.check_url(&public), Ok(()));
+        let name = Url::parse("https://example.com/hook").expect("url");
+        assert_eq!(g.check_url(&name), Ok(()), "names are the resolver's job");
+    }
+
+    #[test]
+    fn allow_list_wins() {
+        let g = SsrfGuard::new(&["127.0.0.0/8".to_string(), "fd00::/8".to_string()]).expect("guard");
+        assert_eq!(g.check_ip(ip("127.0.0.1")), Ok(()));
+        assert_eq!(g.check_ip(ip("::ffff:127.0.0.2")), Ok(()));
+        assert_eq!(g.check_ip(ip("fd00::5")), Ok(()));
+        assert!(g.check_ip(ip("10.0.0.1")).is_err());
+        assert!(g.check_ip(ip("::1")).is_err());
+        assert!(SsrfGuard::new(&["localhost".to_string()]).is_err());
+    }
+
+    #[tokio::test]
+    async fn resolver_blocks_localhost() {
+        let resolver = GuardedResolver::new(Arc::new(guard()));
+        let err = resolver.lookup("localhost").await.expect_err("blocked");
+        let blocked = err.downcast_ref::<BlockedAddress>();
+        assert!(
+            matches!(blocked, Some(BlockedAddress::InRange { .. })),
+            "expected a BlockedAddress, got {err}"
+        );
+        let err = resolver.lookup("127.0.0.1").await.expect_err("blocked");
+        assert!(err.is::<BlockedAddress>(), "{err}");
+    }
+
+    #[tokio::test]
+    async fn resolver_keeps_only_allowed_addresses() {
+        let resolver =
+            GuardedResolver::new(Arc::new(SsrfGuard::new(&["127.0.0.0/8".to_string()]).expect("guard")));
+        let kept = resolver.lookup("localhost").await.expect("127.0.0.1 allowed");
+        assert!(!kept.is_empty());
+        let loopback: IpNet = "127.0.0.0/8".parse().expect("net");
+        assert!(kept.iter().all(|a| loopback.contains(&a.ip())), "{kept:?}");
+    }
+}

@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# The full test suite (`make test`): format check, clippy -D warnings, unit tests and integration
+# tests against a real local Kafka broker. Starts the broker if none answers on
+# HOOKLINE_TEST_KAFKA (default 127.0.0.1:9092) and stops it afterwards if it started it.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+bootstrap=${HOOKLINE_TEST_KAFKA:-127.0.0.1:9092}
+host=${bootstrap%:*}
+port=${bootstrap##*:}
+started=0
+
+port_open() { (exec 3<>"/dev/tcp/$host/$port") 2>/dev/null; }
+
+cleanup() {
+  if [[ $started == 1 ]]; then
+    echo "--- stopping the Kafka broker this run started"
+    KAFKA_PORT=$port deploy/local/kafka stop || true
+  fi
+}
+trap cleanup EXIT
+
+t0=$(date +%s)
+if port_open; then
+  echo "--- using the Kafka broker already listening on $bootstrap"
+else
+  if [[ $host != 127.0.0.1 && $host != localhost ]]; then
+    echo "error: no Kafka at $bootstrap and it is not local; start it or unset HOOKLINE_TEST_KAFKA" >&2
+    exit 1
+  fi
+  echo "--- starting a local Kafka broker on port $port"
+  KAFKA_PORT=$port KAFKA_CONTROLLER_PORT=$((port + 1)) deploy/local/kafka start
+  started=1
+fi
+
+if cargo fmt --version >/dev/null 2>&1; then
+  echo "--- cargo fmt --check"
+  cargo fmt --all -- --check
+else
+  echo "--- rustfmt is not installed on this toolchain: skipping the format check"
+fi
+
+if cargo clippy --version >/dev/null 2>&1; then
+  echo "--- cargo clippy --all-targets -- -D warnings"
+  cargo clippy --workspace --all-targets -- -D warnings
+else
+  echo "--- clippy is not installed on this toolchain: skipping lints"
+fi
+
+echo "--- cargo test (unit + integration against Kafka at $bootstrap)"
+HOOKLINE_TEST_KAFKA=$bootstrap cargo test --workspace -- --test-threads="${HOOKLINE_TEST_THREADS:-4}"
+
+echo "--- test suite passed in $(( $(date +%s) - t0 ))s"

@@ -1,0 +1,222 @@
+//! The `hookline` binary: parses arguments and wires stages together. Every stage lives in its
+//! own crate and exposes `run(config, registry, readiness, shutdown)`.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use clap::{Parser, Subcommand, ValueEnum};
+
+use hookline_common::config::Config;
+use hookline_common::ops::{self, Readiness};
+use hookline_common::{kafka, shutdown, telemetry, topics};
+
+#[derive(Parser)]
+#[command(
+    name = "hookline",
+    version,
+    about = "Webhook dispatcher on Apache Kafka"
+)]
+struct Cli {
+    /// Configuration file (TOML); `HOOKLINE_…` environment variables override it.
+    #[arg(
+        short,
+        long,
+        env = "HOOKLINE_CONFIG",
+        default_value = "config/hookline.toml",
+        global = true
+    )]
+    config: PathBuf,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run one pipeline stage, or all of them in one process.
+    Run {
+        #[arg(value_enum)]
+        stage: Stage,
+    },
+    /// Configuration tools.
+    Config {
+        #[command(subcommand)]
+        command: ConfigCommand,
+    },
+    /// Kafka topics implied by the configuration.
+    Topics {
+        #[command(subcommand)]
+        command: TopicsCommand,
+    },
+}
+
+#[derive(Subcommand)]
+enum ConfigCommand {
+    /// Validate a configuration file (with env overrides) without starting anything.
+    Check { file: PathBuf },
+}
+
+#[derive(Subcommand)]
+enum TopicsCommand {
+    /// Create missing topics; report drift on existing ones (exit 3 if any).
+    Apply {
+        /// Exit 0 even if existing topics drift from the plan.
+        #[arg(long)]
+        allow_drift: bool,
+    },
+    /// Print the topic plan.
+    Describe,
+}
+
+#[derive(Clone, Copy, ValueEnum, PartialEq, Eq)]
+enum Stage {
+    /// Validation and dedupe (stage A and B).
+    Deduper,
+    /// Every stage in one process (small installs, the demo).
+    All,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Config {
+            command: ConfigCommand::Check { file },
+        } => match Config::load(&file) {
+            Ok(c) => {
+                println!(
+                    "{}: ok ({} endpoints, {} retry tiers, prefix `{}`)",
+                    file.display(),
+                    c.endpoints.len(),
+                    c.retry.schedule.len().saturating_sub(1),
+                    c.topics.prefix
+                );
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("{}: {e}", file.display());
+                ExitCode::from(2)
+            }
+        },
+        command => {
+            let config = match Config::load(&cli.config) {
+                Ok(c) => Arc::new(c),
+                Err(e) => {
+                    eprintln!("{}: {e}", cli.config.display());
+                    return ExitCode::from(2);
+                }
+            };
+            telemetry::init(&config.log);
+            let runtime = match tokio::runtime::Builder::new_multi_thread()
+                .enable_all()
+                .build()
+            {
+                Ok(r) => r,
+                Err(e) => {
+                    eprintln!("cannot start the async runtime: {e}");
+                    return ExitCode::FAILURE;
+                }
+            };
+            match runtime.block_on(run_command(command, config)) {
+                Ok(code) => code,
+                Err(e) => {
+                    tracing::error!(error = format!("{e:#}"), "hookline failed");
+                    eprintln!("error: {e:#}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
+    }
+}
+
+async fn run_command(command: Command, config: Arc<Config>) -> anyhow::Result<ExitCode> {
+    match command {
+        Command::Topics {
+            command: TopicsCommand::Describe,
+        } => {
+            for t in topics::plan(&config) {
+                let configs: Vec<String> =
+                    t.configs.iter().map(|(k, v)| format!("{k}={v}")).collect();
+                println!(
+                    "{:<40} partitions={:<4} rf={} {}\n    {}",
+                    t.name,
+                    t.partitions,
+                    t.replication_factor,
+                    configs.join(" "),
+                    t.purpose
+                );
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Topics {
+            command: TopicsCommand::Apply { allow_drift },
+        } => {
+            let report = kafka::apply_topics(&config, Duration::from_secs(30)).await?;
+            for t in &report.created {
+                println!("created   {t}");
+            }
+            for t in &report.unchanged {
+                println!("unchanged {t}");
+            }
+            for d in &report.drift {
+                println!("DRIFT     {d}");
+            }
+            if !report.drift.is_empty() && !allow_drift {
+                eprintln!(
+                    "{} drift(s) found; hookline never alters existing topics: fix them by hand \
+                     (or pass --allow-drift)",
+                    report.drift.len()
+                );
+                return Ok(ExitCode::from(3));
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Run { stage } => run_stages(stage, config).await.map(|()| ExitCode::SUCCESS),
+        Command::Config { .. } => unreachable!("handled before the runtime starts"),
+    }
+}
+
+async fn run_stages(stage: Stage, config: Arc<Config>) -> anyhow::Result<()> {
+    let (trigger, shutdown) = shutdown::channel();
+    shutdown::on_signals(trigger.clone());
+    let registry = prometheus::Registry::new();
+    let readiness = Readiness::default();
+    let (_addr, ops_task) = ops::serve(
+        config.server.listen,
+        registry.clone(),
+        readiness.clone(),
+        shutdown.clone(),
+    )
+    .await?;
+
+    let mut tasks = tokio::task::JoinSet::new();
+    if matches!(stage, Stage::Deduper | Stage::All) {
+        let (c, r, rd, s) = (
+            config.clone(),
+            registry.clone(),
+            readiness.clone(),
+            shutdown.clone(),
+        );
+        tasks.spawn(async move { ("deduper", hookline_deduper::run(c, r, rd, s).await) });
+    }
+    let mut failed = None;
+    while let Some(joined) = tasks.join_next().await {
+        let (name, result) = joined.context("a stage task panicked")?;
+        if let Err(e) = result {
+            tracing::error!(
+                stage = name,
+                error = format!("{e:#}"),
+                "stage failed; stopping the process"
+            );
+            failed.get_or_insert(e.context(format!("stage {name}")));
+            // Stop the other stages too: the orchestrator restarts the whole process.
+            trigger.trigger();
+        }
+    }
+    ops_task.abort();
+    match failed {
+        Some(e) => Err(e),
+        None => Ok(()),
+    }
+}

@@ -1,0 +1,275 @@
+//! Test harness: a real Kafka broker (never mocked), a unique topic prefix per test, and helpers
+//! that wait by polling with deadlines.
+//!
+//! The broker address comes from `HOOKLINE_TEST_KAFKA` (default `127.0.0.1:9092`). A missing
+//! broker fails the test loudly: start one with `deploy/local/kafka start` (`make test` does).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use rdkafka::admin::{AdminClient, AdminOptions};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::config::ClientConfig;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::message::{Header, Headers, Message, OwnedHeaders, OwnedMessage};
+use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::TopicPartitionList;
+
+use hookline_common::config::Config;
+use hookline_common::ops::Readiness;
+use hookline_common::shutdown::{self, ShutdownTrigger};
+
+pub fn bootstrap() -> String {
+    std::env::var("HOOKLINE_TEST_KAFKA").unwrap_or_else(|_| "127.0.0.1:9092".into())
+}
+
+/// Fails the test unless a broker answers a metadata request.
+pub fn require_kafka() {
+    let bs = bootstrap();
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", &bs)
+        .create()
+        .expect("create probe consumer");
+    if let Err(e) = consumer.fetch_metadata(None, Duration::from_secs(15)) {
+        panic!(
+            "Kafka is not reachable at {bs} ({e}). Integration tests need a real broker: \
+             run `deploy/local/kafka start` or `make test`."
+        );
+    }
+}
+
+/// A unique prefix per test so tests run in parallel on one broker.
+pub fn unique_prefix(name: &str) -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0);
+    format!("t-{name}-{:x}-{}", nanos & 0xffff_ffff, std::process::id())
+}
+
+/// A config for tests: 3 partitions, the given prefix, loopback allowed through the SSRF guard,
+/// ops server on an ephemeral port; `extra` is appended TOML.
+pub fn test_config(prefix: &str, extra: &str) -> Config {
+    let text = format!(
+        r#"
+[kafka]
+bootstrap_servers = "{bs}"
+[topics]
+prefix = "{prefix}"
+partitions = 3
+[server]
+listen = "127.0.0.1:0"
+[http]
+allow_cidrs = ["127.0.0.0/8"]
+{extra}
+"#,
+        bs = bootstrap()
+    );
+    Config::from_toml_with_env(&text, "test", Vec::new()).expect("test config must be valid")
+}
+
+/// Creates the topics of `config` (the same path `hookline topics apply` takes).
+pub async fn apply_topics(config: &Config) {
+    let report = hookline_common::kafka::apply_topics(config, Duration::from_secs(30))
+        .await
+        .expect("topics apply");
+    assert!(
+        report.drift.is_empty(),
+        "unexpected drift: {:?}",
+        report.drift
+    );
+}
+
+pub fn admin() -> AdminClient<DefaultClientContext> {
+    ClientConfig::new()
+        .set("bootstrap.servers", bootstrap())
+        .create()
+        .expect("admin client")
+}
+
+pub fn admin_opts() -> AdminOptions {
+    AdminOptions::new().operation_timeout(Some(Duration::from_secs(30)))
+}
+
+pub fn producer() -> FutureProducer {
+    ClientConfig::new()
+        .set("bootstrap.servers", bootstrap())
+        .set("enable.idempotence", "true")
+        .set("linger.ms", "2")
+        .create()
+        .expect("producer")
+}
+
+/// Produces one record and waits for the broker's acknowledgement.
+pub async fn produce(
+    producer: &FutureProducer,
+    topic: &str,
+    partition: Option<i32>,
+    key: Option<&[u8]>,
+    value: Option<&[u8]>,
+    headers: &[(&str, &str)],
+) {
+    let mut hs = OwnedHeaders::new();
+    for (k, v) in headers {
+        hs = hs.insert(Header {
+            key: k,
+            value: Some(v.as_bytes()),
+        });
+    }
+    let mut rec: FutureRecord<'_, [u8], [u8]> = FutureRecord::to(topic).headers(hs);
+    if let Some(p) = partition {
+        rec = rec.partition(p);
+    }
+    if let Some(k) = key {
+        rec = rec.key(k);
+    }
+    if let Some(v) = value {
+        rec = rec.payload(v);
+    }
+    producer
+        .send(rec, Duration::from_secs(10))
+        .await
+        .map_err(|(e, _)| e)
+        .expect("produce");
+}
+
+/// Reads `topic` from the beginning (read_committed) until `done(&records)` or the deadline.
+/// Returns what was read; the caller asserts on it.
+pub fn read_until(
+    topic: &str,
+    deadline: Duration,
+    done: impl Fn(&[OwnedMessage]) -> bool,
+) -> Vec<OwnedMessage> {
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap())
+        .set("group.id", format!("reader-{}", unique_prefix("r")))
+        .set("enable.auto.commit", "false")
+        .set("isolation.level", "read_committed")
+        .set("auto.offset.reset", "earliest")
+        .create()
+        .expect("reader");
+    let md = consumer
+        .fetch_metadata(Some(topic), Duration::from_secs(10))
+        .expect("metadata");
+    let mut tpl = TopicPartitionList::new();
+    for t in md.topics() {
+        for p in t.partitions() {
+            tpl.add_partition_offset(topic, p.id(), rdkafka::Offset::Beginning)
+                .expect("tpl");
+        }
+    }
+    consumer.assign(&tpl).expect("assign");
+    let start = Instant::now();
+    let mut out = Vec::new();
+    while start.elapsed() < deadline {
+        if done(&out) {
+            return out;
+        }
+        if let Some(Ok(m)) = consumer.poll(Duration::from_millis(100)) {
+            out.push(m.detach());
+        }
+    }
+    out
+}
+
+/// Reads `topic` for `quiet` after the last record arrived (to assert that nothing more comes).
+#[allow(dead_code)]
+pub fn read_all_quiet(
+    topic: &str,
+    expected_at_least: usize,
+    deadline: Duration,
+    quiet: Duration,
+) -> Vec<OwnedMessage> {
+    let mut out = read_until(topic, deadline, |r| r.len() >= expected_at_least);
+    let more = read_until(topic, quiet, |_| false);
+    if more.len() > out.len() {
+        out = more;
+    }
+    out
+}
+
+pub fn header<'a>(m: &'a OwnedMessage, key: &str) -> Option<&'a str> {
+    m.headers()?
+        .iter()
+        .find(|h| h.key == key)
+        .and_then(|h| h.value)
+        .and_then(|v| std::str::from_utf8(v).ok())
+}
+
+pub fn headers_map(m: &OwnedMessage) -> HashMap<String, String> {
+    m.headers()
+        .map(|hs| {
+            hs.iter()
+                .map(|h| {
+                    (
+                        h.key.to_string(),
+                        String::from_utf8_lossy(h.value.unwrap_or_default()).into_owned(),
+                    )
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// A stage running in this test process; stopped (gracefully) on drop or by `stop`.
+pub struct Running {
+    pub trigger: ShutdownTrigger,
+    pub handle: Option<tokio::task::JoinHandle<anyhow::Result<()>>>,
+    pub registry: prometheus::Registry,
+}
+
+impl Running {
+    pub async fn stop(mut self) -> anyhow::Result<()> {
+        self.trigger.trigger();
+        match self.handle.take() {
+            Some(h) => tokio::time::timeout(Duration::from_secs(60), h)
+                .await
+                .expect("stage did not stop within 60s")
+                .expect("stage panicked"),
+            None => Ok(()),
+        }
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        self.trigger.trigger();
+    }
+}
+
+/// Starts the deduper stages in-process.
+pub fn start_deduper(config: &Config) -> Running {
+    let (trigger, shutdown) = shutdown::channel();
+    let registry = prometheus::Registry::new();
+    let config = Arc::new(config.clone());
+    let handle = tokio::spawn(hookline_deduper::run(
+        config,
+        registry.clone(),
+        Readiness::default(),
+        shutdown,
+    ));
+    Running {
+        trigger,
+        handle: Some(handle),
+        registry,
+    }
+}
+
+/// Value of a counter (summed over labels matching `label`) in a registry.
+pub fn counter(registry: &prometheus::Registry, name: &str, label: Option<(&str, &str)>) -> f64 {
+    registry
+        .gather()
+        .iter()
+        .filter(|f| f.name() == name)
+        .flat_map(|f| f.get_metric().iter())
+        .filter(|m| match label {
+            None => true,
+            Some((k, v)) => m
+                .get_label()
+                .iter()
+                .any(|l| l.name() == k && l.value() == v),
+        })
+        .map(|m| m.get_counter().get_value())
+        .sum()
+}

@@ -1,0 +1,6 @@
+//! Integration tests against a real Kafka broker. One binary (fast to link), one module per
+//! concern; every test uses its own topic prefix so they run in parallel.
+
+mod harness;
+mod topics;
+mod validation;
