@@ -6,16 +6,19 @@
 //! - [`headers`]: Kafka header names of the record contracts.
 //! - [`secret`]: Standard Webhooks `whsec_` secrets.
 //! - [`glob`]: event-type globs.
+//! - [`progress`]: out-of-order completion, contiguous offsets to store.
 //! - [`ops`]: `/metrics`, `/healthz`, `/readyz`; [`telemetry`]: logging; [`shutdown`]: SIGTERM.
 //! - [`keyhash`]: the stable 128-bit hash of dedupe keys and the partition it picks.
 
 pub mod config;
+pub mod delivery;
 pub mod envelope;
 pub mod glob;
 pub mod headers;
 pub mod kafka;
 pub mod keyhash;
 pub mod ops;
+pub mod progress;
 pub mod secret;
 pub mod shutdown;
 pub mod telemetry;

@@ -6,6 +6,7 @@
 //! - [`metrics`]: counters of both stages.
 
 pub mod metrics;
+pub mod seen;
 pub mod validate;
 
 use std::sync::Arc;

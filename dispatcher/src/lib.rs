@@ -1,1 +1,18 @@
-//! placeholder
+//! hookline dispatcher: delivers events from `<p>.dispatch` to the endpoints they fan out to.
+//!
+//! Module map:
+//! - [`engine`]: the HTTP delivery engine shared with the retry tiers — one signed `POST` per
+//!   attempt, bounded in time, response size and per-endpoint concurrency, returning an
+//!   [`AttemptOutcome`].
+//! - [`signing`]: Standard Webhooks v1 signatures (`webhook-signature`), and their verification
+//!   for tests and the reference receiver.
+//! - [`ssrf`]: the SSRF guard — blocked address ranges, the allow-list, and the DNS resolver that
+//!   checks the addresses actually connected to.
+//! - `metrics`: Prometheus metrics of the crate (`hookline_dispatcher_*`).
+
+pub mod engine;
+mod metrics;
+pub mod signing;
+pub mod ssrf;
+
+pub use engine::{AttemptOutcome, AttemptResult, Engine, FailureClass};

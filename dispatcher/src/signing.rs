@@ -100,9 +100,21 @@ mod tests {
         let k = key();
         assert!(!verify(&k, MSG_ID, TIMESTAMP + 1, BODY, SIGNATURE));
         assert!(!verify(&k, "msg_other", TIMESTAMP, BODY, SIGNATURE));
-        assert!(!verify(&k, MSG_ID, TIMESTAMP, br#"{"test": 2432232315}"#, SIGNATURE));
+        assert!(!verify(
+            &k,
+            MSG_ID,
+            TIMESTAMP,
+            br#"{"test": 2432232315}"#,
+            SIGNATURE
+        ));
         assert!(!verify(&[1u8; 24], MSG_ID, TIMESTAMP, BODY, SIGNATURE));
-        assert!(!verify(&k, MSG_ID, TIMESTAMP, BODY, "v2,g0hM9SsE+OTPJTGt/tmIKtSyZlE3uFJELVlNIOLJ1OE="));
+        assert!(!verify(
+            &k,
+            MSG_ID,
+            TIMESTAMP,
+            BODY,
+            "v2,g0hM9SsE+OTPJTGt/tmIKtSyZlE3uFJELVlNIOLJ1OE="
+        ));
         assert!(!verify(&k, MSG_ID, TIMESTAMP, BODY, "v1,not-base64!"));
         assert!(!verify(&k, MSG_ID, TIMESTAMP, BODY, ""));
     }

@@ -174,7 +174,10 @@ mod tests {
         for range in BLOCKED {
             let net: IpNet = range.parse().expect("range");
             for addr in [net.network(), net.broadcast()] {
-                assert!(g.check_ip(addr).is_err(), "{addr} in {range} must be blocked");
+                assert!(
+                    g.check_ip(addr).is_err(),
+                    "{addr} in {range} must be blocked"
+                );
             }
         }
         for s in [
@@ -232,7 +235,9 @@ mod tests {
 
     #[test]
     fn blocked_error_names_the_range() {
-        let err = guard().check_ip(ip("::ffff:10.0.0.1")).expect_err("blocked");
+        let err = guard()
+            .check_ip(ip("::ffff:10.0.0.1"))
+            .expect_err("blocked");
         assert_eq!(
             err,
             BlockedAddress::InRange {
@@ -276,7 +281,8 @@ mod tests {
 
     #[test]
     fn allow_list_wins() {
-        let g = SsrfGuard::new(&["127.0.0.0/8".to_string(), "fd00::/8".to_string()]).expect("guard");
+        let g =
+            SsrfGuard::new(&["127.0.0.0/8".to_string(), "fd00::/8".to_string()]).expect("guard");
         assert_eq!(g.check_ip(ip("127.0.0.1")), Ok(()));
         assert_eq!(g.check_ip(ip("::ffff:127.0.0.2")), Ok(()));
         assert_eq!(g.check_ip(ip("fd00::5")), Ok(()));
@@ -300,9 +306,13 @@ mod tests {
 
     #[tokio::test]
     async fn resolver_keeps_only_allowed_addresses() {
-        let resolver =
-            GuardedResolver::new(Arc::new(SsrfGuard::new(&["127.0.0.0/8".to_string()]).expect("guard")));
-        let kept = resolver.lookup("localhost").await.expect("127.0.0.1 allowed");
+        let resolver = GuardedResolver::new(Arc::new(
+            SsrfGuard::new(&["127.0.0.0/8".to_string()]).expect("guard"),
+        ));
+        let kept = resolver
+            .lookup("localhost")
+            .await
+            .expect("127.0.0.1 allowed");
         assert!(!kept.is_empty());
         let loopback: IpNet = "127.0.0.0/8".parse().expect("net");
         assert!(kept.iter().all(|a| loopback.contains(&a.ip())), "{kept:?}");
