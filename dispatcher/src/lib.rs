@@ -8,9 +8,14 @@
 //!   for tests and the reference receiver.
 //! - [`ssrf`]: the SSRF guard — blocked address ranges, the allow-list, and the DNS resolver that
 //!   checks the addresses actually connected to.
+//! - [`fanout`]: which endpoints an event goes to (tenant + event-type globs), lookup by id.
+//! - [`handoff`]: the next hop of a failed delivery on the fixed schedule (tier or DLQ) and the
+//!   delivery record's headers.
 //! - `metrics`: Prometheus metrics of the crate (`hookline_dispatcher_*`).
 
 pub mod engine;
+pub mod fanout;
+pub mod handoff;
 mod metrics;
 pub mod signing;
 pub mod ssrf;
