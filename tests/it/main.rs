@@ -2,5 +2,6 @@
 //! concern; every test uses its own topic prefix so they run in parallel.
 
 mod harness;
+mod receiver;
 mod topics;
 mod validation;
