@@ -3,8 +3,12 @@
 //!
 //! - [`validate`] (stage A): validate, quarantine bad input to `<p>.invalid`, re-partition valid
 //!   events by our hash of the dedupe key onto `<p>.dedupe`.
+//! - [`dedupe`] (stage B): per-partition 24h seen-set, exactly-once forwarding of first
+//!   sightings to `<p>.dispatch`, changelog `<p>.dedupe-state`, restore on assignment.
+//! - [`seen`]: the compact seen-set (128-bit hash + coarse time, expiry by time buckets).
 //! - [`metrics`]: counters of both stages.
 
+pub mod dedupe;
 pub mod metrics;
 pub mod seen;
 pub mod validate;
@@ -23,5 +27,9 @@ pub async fn run(
     shutdown: Shutdown,
 ) -> anyhow::Result<()> {
     let ready_a = readiness.register(validate::STAGE);
-    validate::run(config, registry, ready_a, shutdown).await
+    let ready_b = readiness.register(dedupe::STAGE);
+    let a = validate::run(config.clone(), registry.clone(), ready_a, shutdown.clone());
+    let b = dedupe::run(config, registry, ready_b, shutdown);
+    // Either failing stops both: the process exits non-zero and is restarted.
+    tokio::try_join!(a, b).map(|_| ())
 }

@@ -49,3 +49,140 @@ impl ValidateMetrics {
         self.invalid.with_label_values(&[why.reason.as_str()]).inc();
     }
 }
+
+/// Stage B (dedupe) metrics.
+#[derive(Clone)]
+pub struct DedupeMetrics {
+    forwarded: IntCounter,
+    duplicates: IntCounter,
+    unkeyed: IntCounter,
+    transactions: IntCounterVec,
+    batch_records: prometheus::Histogram,
+    restore_seconds: prometheus::Histogram,
+    restored_records: IntCounter,
+    seen_keys: prometheus::IntGauge,
+    seen_bytes: prometheus::IntGauge,
+}
+
+impl DedupeMetrics {
+    pub fn new(registry: &Registry) -> prometheus::Result<Self> {
+        let forwarded = IntCounter::with_opts(Opts::new(
+            "hookline_deduper_forwarded_total",
+            "First sightings forwarded to <p>.dispatch (committed or about to be)",
+        ))?;
+        let duplicates = IntCounter::with_opts(Opts::new(
+            "hookline_deduper_duplicates_total",
+            "Records dropped because their dedupe key was seen within the window",
+        ))?;
+        let unkeyed = IntCounter::with_opts(Opts::new(
+            "hookline_deduper_unkeyed_total",
+            "Records on <p>.dedupe without a dedupe key header (forwarded, not deduped)",
+        ))?;
+        let transactions = IntCounterVec::new(
+            Opts::new(
+                "hookline_deduper_transactions_total",
+                "Dedupe transactions by result",
+            ),
+            &["result"],
+        )?;
+        let batch_records = prometheus::Histogram::with_opts(
+            prometheus::HistogramOpts::new(
+                "hookline_deduper_transaction_records",
+                "Input records per committed transaction",
+            )
+            .buckets(prometheus::exponential_buckets(1.0, 4.0, 9)?),
+        )?;
+        let restore_seconds = prometheus::Histogram::with_opts(
+            prometheus::HistogramOpts::new(
+                "hookline_deduper_restore_duration_seconds",
+                "Time to rebuild one partition's seen-set from the changelog",
+            )
+            .buckets(prometheus::exponential_buckets(0.01, 4.0, 9)?),
+        )?;
+        let restored_records = IntCounter::with_opts(Opts::new(
+            "hookline_deduper_restored_records_total",
+            "Changelog records read while restoring",
+        ))?;
+        let seen_keys = prometheus::IntGauge::new(
+            "hookline_deduper_seen_keys",
+            "Keys held in the seen-sets of this process",
+        )?;
+        let seen_bytes = prometheus::IntGauge::new(
+            "hookline_deduper_seen_bytes",
+            "Bytes held by the seen-set tables of this process",
+        )?;
+        registry.register(Box::new(forwarded.clone()))?;
+        registry.register(Box::new(duplicates.clone()))?;
+        registry.register(Box::new(unkeyed.clone()))?;
+        registry.register(Box::new(transactions.clone()))?;
+        registry.register(Box::new(batch_records.clone()))?;
+        registry.register(Box::new(restore_seconds.clone()))?;
+        registry.register(Box::new(restored_records.clone()))?;
+        registry.register(Box::new(seen_keys.clone()))?;
+        registry.register(Box::new(seen_bytes.clone()))?;
+        for r in ["committed", "aborted"] {
+            transactions.with_label_values(&[r]);
+        }
+        Ok(DedupeMetrics {
+            forwarded,
+            duplicates,
+            unkeyed,
+            transactions,
+            batch_records,
+            restore_seconds,
+            restored_records,
+            seen_keys,
+            seen_bytes,
+        })
+    }
+
+    pub fn emit_forwarded(&self) {
+        self.forwarded.inc();
+    }
+
+    pub fn emit_duplicate(&self) {
+        self.duplicates.inc();
+    }
+
+    pub fn emit_unkeyed(&self, partition: i32, offset: i64) {
+        tracing::error!(
+            partition,
+            offset,
+            "record on the dedupe topic has no dedupe key header; forwarding it undeduped"
+        );
+        self.unkeyed.inc();
+    }
+
+    pub fn emit_commit(&self, records: usize) {
+        self.transactions.with_label_values(&["committed"]).inc();
+        self.batch_records.observe(records as f64);
+    }
+
+    pub fn emit_abort(&self) {
+        tracing::warn!("dedupe transaction aborted; partitions rewound and restored");
+        self.transactions.with_label_values(&["aborted"]).inc();
+    }
+
+    pub fn emit_restored(
+        &self,
+        partition: i32,
+        records: u64,
+        keys: usize,
+        elapsed: std::time::Duration,
+    ) {
+        tracing::info!(
+            partition,
+            records,
+            keys,
+            elapsed_ms = elapsed.as_millis() as u64,
+            "dedupe state restored"
+        );
+        self.restore_seconds.observe(elapsed.as_secs_f64());
+        self.restored_records.inc_by(records);
+    }
+
+    pub fn set_seen(&self, keys: usize, bytes: usize) {
+        self.seen_keys.set(keys as i64);
+        self.seen_bytes.set(bytes as i64);
+    }
+}

@@ -135,8 +135,14 @@ pub async fn run(
     while let Some((partition, offset, result)) = pending.next().await {
         finish(&consumer, &events_topic, partition, offset, result)?;
     }
-    if let Err(e) = consumer.commit_consumer_state(CommitMode::Sync) {
-        tracing::warn!(error = %e, "final offset commit failed; the tail will be re-validated");
+    match consumer.commit_consumer_state(CommitMode::Sync) {
+        Ok(())
+        | Err(rdkafka::error::KafkaError::ConsumerCommit(
+            rdkafka::types::RDKafkaErrorCode::NoOffset,
+        )) => {}
+        Err(e) => {
+            tracing::warn!(error = %e, "final offset commit failed; the tail will be re-validated")
+        }
     }
     let _ = producer.flush(Timeout::After(Duration::from_secs(10)));
     tracing::info!("validation stage stopped");

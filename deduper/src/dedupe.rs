@@ -1,0 +1,720 @@
+//! Stage B: exactly-once dedupe of `<p>.dedupe` into `<p>.dispatch`.
+//!
+//! Per `<p>.dedupe` partition a [`SeenSet`] holds the keys first seen within the window. A first
+//! sighting is forwarded to `<p>.dispatch` (same partition number) and appended to the changelog
+//! `<p>.dedupe-state` (same partition number: key = 16-byte key hash, value = 4-byte first-seen
+//! unix seconds); later sightings are dropped and counted.
+//!
+//! Exactly-once: the dispatch records, the changelog records and the consumed offsets of a batch
+//! are committed in one Kafka transaction (KIP-447 `send_offsets_to_transaction` with the
+//! consumer's current group metadata). Everything runs on one dedicated thread: librdkafka's
+//! transactional calls block, and rebalance callbacks run inside `poll` on that same thread, so
+//! the callback can commit the open transaction before partitions are revoked.
+//!
+//! Restore: when a partition is assigned it is paused, and a restore thread first asks for the
+//! group's committed offset of that partition with `read_committed` (the broker answers only once
+//! no transaction touching it is pending, so every changelog record that matters is committed),
+//! then reads the changelog partition to its end, skipping entries older than the window. The
+//! partition resumes when its state is installed; other partitions keep flowing meanwhile.
+//!
+//! Failure handling: retriable transactional errors retry the call; abortable ones abort, drop
+//! all uncommitted state (every partition is paused, rewound to its committed offset and
+//! restored); fatal ones (fenced) stop the stage with an error so the process exits non-zero.
+//! A watchdog exits the process if a transactional call hangs past its deadline (librdkafka can
+//! hang in `send_offsets_to_transaction` when the group coordinator is down).
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context as _};
+use rdkafka::config::ClientConfig;
+use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext, Rebalance};
+use rdkafka::error::KafkaError;
+use rdkafka::message::{BorrowedMessage, Header, Headers, Message, OwnedHeaders};
+use rdkafka::producer::{BaseRecord, Producer, ThreadedProducer};
+use rdkafka::types::RDKafkaErrorCode;
+use rdkafka::{ClientContext, Offset, TopicPartitionList};
+
+use hookline_common::config::Config;
+use hookline_common::headers as h;
+use hookline_common::kafka::{base_config, consumer_config, producer_config};
+use hookline_common::keyhash::key_hash;
+use hookline_common::shutdown::Shutdown;
+use hookline_common::topics::Topics;
+
+use crate::metrics::DedupeMetrics;
+use crate::seen::SeenSet;
+
+/// The consumer group of stage B.
+pub const STAGE: &str = "deduper.dedupe";
+
+/// Kafka's transaction timeout for stage B: how long a crashed instance's open transaction can
+/// block its partitions. Below the consumer session timeout (45 s).
+const TRANSACTION_TIMEOUT: Duration = Duration::from_secs(10);
+/// Timeout handed to each transactional call.
+const TXN_CALL_TIMEOUT: Duration = Duration::from_secs(30);
+/// A transactional call running longer than this kills the process (watchdog).
+const WATCHDOG_DEADLINE: Duration = Duration::from_secs(90);
+
+fn unix_secs() -> u32 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs() as u32)
+        .unwrap_or(1)
+}
+
+/// Runs stage B until shutdown, on a dedicated thread.
+pub async fn run(
+    config: Arc<Config>,
+    registry: prometheus::Registry,
+    ready: Arc<AtomicBool>,
+    mut shutdown: Shutdown,
+) -> anyhow::Result<()> {
+    let metrics = DedupeMetrics::new(&registry).context("registering stage B metrics")?;
+    let stop = Arc::new(AtomicBool::new(false));
+    let (done_tx, done_rx) = tokio::sync::oneshot::channel();
+    let thread_stop = stop.clone();
+    std::thread::Builder::new()
+        .name("dedupe-txn".into())
+        .spawn(move || {
+            let result = run_blocking(config, metrics, ready, thread_stop);
+            let _ = done_tx.send(result);
+        })
+        .context("spawning the dedupe thread")?;
+    // Dropping this future (e.g. stage A failed first) stops the thread too.
+    let _stop_on_drop = StopOnDrop(stop.clone());
+    let mut done_rx = done_rx;
+    tokio::select! {
+        result = &mut done_rx => return result.unwrap_or_else(|_| Err(anyhow::anyhow!("dedupe thread died"))),
+        _ = shutdown.wait() => {}
+    }
+    stop.store(true, Ordering::Relaxed);
+    done_rx
+        .await
+        .unwrap_or_else(|_| Err(anyhow::anyhow!("dedupe thread died")))
+}
+
+struct StopOnDrop(Arc<AtomicBool>);
+
+impl Drop for StopOnDrop {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
+}
+
+/// State of one assigned partition.
+enum PartState {
+    /// Paused; the restore thread of this generation is rebuilding its seen-set.
+    Restoring {
+        generation: u64,
+    },
+    Ready(SeenSet),
+}
+
+/// A restore that finished.
+struct Restored {
+    partition: i32,
+    generation: u64,
+    seen: SeenSet,
+    /// The group's committed offset of the input partition (stable), to rewind to.
+    committed: Offset,
+    records: u64,
+    elapsed: Duration,
+}
+
+/// Everything the poll loop and the rebalance callbacks share.
+struct Core {
+    config: Arc<Config>,
+    topics: Topics,
+    producer: ThreadedProducer<rdkafka::producer::DefaultProducerContext>,
+    metrics: DedupeMetrics,
+    parts: HashMap<i32, PartState>,
+    next_generation: u64,
+    restore_tx: mpsc::Sender<anyhow::Result<Restored>>,
+    /// Offsets (next to read) of records consumed in the open transaction.
+    batch: HashMap<i32, i64>,
+    batch_records: usize,
+    txn_open: bool,
+    txn_started: Instant,
+    /// Set by a callback that hit a fatal error; the loop returns it.
+    fatal: Option<anyhow::Error>,
+    watchdog: Arc<AtomicI64>,
+    /// Partitions whose restore finished and that must be rewound and resumed by the loop.
+    to_resume: Vec<(i32, Offset)>,
+}
+
+struct DedupeContext {
+    core: Arc<Mutex<Core>>,
+}
+
+impl ClientContext for DedupeContext {}
+
+impl ConsumerContext for DedupeContext {
+    fn pre_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+        if let Rebalance::Revoke(tpl) = rebalance {
+            let mut core = lock(&self.core);
+            // Commit what was processed while we still own the partitions (generation valid).
+            let lost = consumer.assignment_lost();
+            if let Err(e) = core.commit(consumer, !lost) {
+                core.fatal.get_or_insert(e);
+            }
+            for el in tpl.elements() {
+                core.parts.remove(&el.partition());
+                core.batch.remove(&el.partition());
+            }
+            tracing::info!(
+                partitions = ?tpl.elements().iter().map(|e| e.partition()).collect::<Vec<_>>(),
+                lost,
+                "dedupe partitions revoked"
+            );
+        }
+    }
+
+    fn post_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+        match rebalance {
+            Rebalance::Assign(tpl) => {
+                let mut core = lock(&self.core);
+                let partitions: Vec<i32> = tpl.elements().iter().map(|e| e.partition()).collect();
+                if partitions.is_empty() {
+                    return;
+                }
+                if let Err(e) = consumer.pause(tpl) {
+                    tracing::warn!(error = %e, "pausing newly assigned partitions failed");
+                }
+                for p in &partitions {
+                    core.start_restore(*p);
+                }
+                tracing::info!(partitions = ?partitions, "dedupe partitions assigned, restoring state");
+            }
+            Rebalance::Revoke(_) => {}
+            Rebalance::Error(e) => tracing::error!(error = %e, "dedupe rebalance error"),
+        }
+    }
+}
+
+fn lock(core: &Mutex<Core>) -> MutexGuard<'_, Core> {
+    core.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Core {
+    fn start_restore(&mut self, partition: i32) {
+        self.next_generation += 1;
+        let generation = self.next_generation;
+        self.parts
+            .insert(partition, PartState::Restoring { generation });
+        let config = self.config.clone();
+        let tx = self.restore_tx.clone();
+        let spawned = std::thread::Builder::new()
+            .name(format!("dedupe-restore-{partition}"))
+            .spawn(move || {
+                let _ = tx.send(restore(&config, partition, generation));
+            });
+        if let Err(e) = spawned {
+            self.fatal
+                .get_or_insert(anyhow::anyhow!("spawning a restore thread: {e}"));
+        }
+    }
+
+    /// Installs a finished restore if it is still current.
+    fn install(&mut self, r: Restored) {
+        match self.parts.get(&r.partition) {
+            Some(PartState::Restoring { generation }) if *generation == r.generation => {}
+            _ => return, // revoked or superseded meanwhile
+        }
+        self.metrics
+            .emit_restored(r.partition, r.records, r.seen.len(), r.elapsed);
+        self.to_resume.push((r.partition, r.committed));
+        self.parts.insert(r.partition, PartState::Ready(r.seen));
+    }
+
+    fn begin_if_needed(&mut self) -> anyhow::Result<()> {
+        if !self.txn_open {
+            self.guarded(|p| p.begin_transaction())
+                .context("beginning a transaction")?;
+            self.txn_open = true;
+            self.txn_started = Instant::now();
+        }
+        Ok(())
+    }
+
+    /// Runs a blocking transactional call under the watchdog.
+    fn guarded<T>(
+        &self,
+        f: impl FnOnce(
+            &ThreadedProducer<rdkafka::producer::DefaultProducerContext>,
+        ) -> Result<T, KafkaError>,
+    ) -> Result<T, KafkaError> {
+        self.watchdog
+            .store(hookline_common::delivery::now_ms(), Ordering::Relaxed);
+        let r = f(&self.producer);
+        self.watchdog.store(0, Ordering::Relaxed);
+        r
+    }
+
+    /// Handles one record of `<p>.dedupe`.
+    fn process(
+        &mut self,
+        consumer: &BaseConsumer<DedupeContext>,
+        msg: &BorrowedMessage<'_>,
+    ) -> anyhow::Result<()> {
+        let partition = msg.partition();
+        let offset = msg.offset();
+        let now = unix_secs();
+        if !matches!(self.parts.get(&partition), Some(PartState::Ready(_))) {
+            // Fetched before the pause took effect: rewind and wait for the restore.
+            let mut tpl = TopicPartitionList::new();
+            tpl.add_partition(msg.topic(), partition);
+            let _ = consumer.pause(&tpl);
+            if let Err(e) = consumer.seek(
+                msg.topic(),
+                partition,
+                Offset::Offset(offset),
+                Duration::from_secs(5),
+            ) {
+                tracing::debug!(partition, offset, error = %e, "rewind of a restoring partition failed");
+            }
+            return Ok(());
+        }
+        let key = header_str(msg, h::DEDUPE_KEY)
+            .map(str::to_string)
+            .or_else(|| header_str(msg, h::EVENT_ID).map(|id| format!("id:{id}")));
+        let first = match (&key, self.parts.get_mut(&partition)) {
+            (Some(k), Some(PartState::Ready(seen))) => seen.check_and_insert(key_hash(k), now),
+            _ => {
+                // Not written by stage A: never drop what we cannot judge.
+                self.metrics.emit_unkeyed(partition, offset);
+                true
+            }
+        };
+        self.begin_if_needed()?;
+        if first {
+            let mut headers = OwnedHeaders::new();
+            if let Some(src) = msg.headers() {
+                for hd in src.iter() {
+                    headers = headers.insert(Header {
+                        key: hd.key,
+                        value: hd.value,
+                    });
+                }
+            }
+            let dispatch = self.topics.dispatch();
+            let mut rec: BaseRecord<'_, [u8], [u8]> = BaseRecord::to(&dispatch)
+                .partition(partition)
+                .headers(headers);
+            if let Some(k) = msg.key() {
+                rec = rec.key(k);
+            }
+            if let Some(v) = msg.payload() {
+                rec = rec.payload(v);
+            }
+            self.send(rec)?;
+            if let Some(k) = &key {
+                let state_topic = self.topics.dedupe_state();
+                let hash = key_hash(k).to_be_bytes();
+                let at = now.to_be_bytes();
+                let rec: BaseRecord<'_, [u8], [u8]> = BaseRecord::to(&state_topic)
+                    .partition(partition)
+                    .key(&hash[..])
+                    .payload(&at[..]);
+                self.send(rec)?;
+            }
+            self.metrics.emit_forwarded();
+        } else {
+            self.metrics.emit_duplicate();
+        }
+        self.batch.insert(partition, offset + 1);
+        self.batch_records += 1;
+        Ok(())
+    }
+
+    fn send(&self, mut rec: BaseRecord<'_, [u8], [u8]>) -> anyhow::Result<()> {
+        loop {
+            match self.producer.send(rec) {
+                Ok(()) => return Ok(()),
+                Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), r)) => {
+                    rec = r;
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+                Err((e, _)) => bail!("producing in the dedupe transaction: {e}"),
+            }
+        }
+    }
+
+    fn batch_due(&self) -> bool {
+        self.txn_open
+            && (self.batch_records >= self.config.dedupe.batch_max_records
+                || self.txn_started.elapsed() >= self.config.dedupe.batch_interval)
+    }
+
+    /// Commits the open transaction (outputs + offsets). On an abortable error, aborts and
+    /// schedules every partition for rewind + restore. `owned`: false when the assignment was
+    /// lost (the commit would be fenced): abort directly.
+    fn commit(
+        &mut self,
+        consumer: &BaseConsumer<DedupeContext>,
+        owned: bool,
+    ) -> anyhow::Result<()> {
+        if !self.txn_open {
+            return Ok(());
+        }
+        if owned {
+            match self.try_commit(consumer) {
+                Ok(()) => {
+                    self.metrics.emit_commit(self.batch_records);
+                    self.txn_open = false;
+                    self.batch.clear();
+                    self.batch_records = 0;
+                    return Ok(());
+                }
+                Err(TxnFailure::Fatal(e)) => return Err(e),
+                Err(TxnFailure::Abortable(e)) => {
+                    tracing::warn!(error = %e, "dedupe transaction failed; aborting and restoring state");
+                }
+            }
+        }
+        self.abort_and_rewind(consumer)
+    }
+
+    fn try_commit(&mut self, consumer: &BaseConsumer<DedupeContext>) -> Result<(), TxnFailure> {
+        let started = Instant::now();
+        let result = self.try_commit_inner(consumer);
+        let took = started.elapsed();
+        if took > Duration::from_secs(1) {
+            tracing::warn!(
+                took_ms = took.as_millis() as u64,
+                records = self.batch_records,
+                "slow dedupe transaction commit"
+            );
+        } else {
+            tracing::debug!(
+                took_ms = took.as_millis() as u64,
+                records = self.batch_records,
+                "dedupe transaction committed"
+            );
+        }
+        result
+    }
+
+    fn try_commit_inner(
+        &mut self,
+        consumer: &BaseConsumer<DedupeContext>,
+    ) -> Result<(), TxnFailure> {
+        let mut tpl = TopicPartitionList::new();
+        let dedupe = self.topics.dedupe();
+        for (p, o) in &self.batch {
+            tpl.add_partition_offset(&dedupe, *p, Offset::Offset(*o))
+                .map_err(|e| TxnFailure::Fatal(e.into()))?;
+        }
+        if tpl.count() > 0 {
+            let cgm = consumer.group_metadata().ok_or_else(|| {
+                TxnFailure::Abortable(anyhow::anyhow!("consumer has no group metadata"))
+            })?;
+            retry_txn(|| {
+                self.guarded(|p| p.send_offsets_to_transaction(&tpl, &cgm, TXN_CALL_TIMEOUT))
+            })?;
+        }
+        retry_txn(|| self.guarded(|p| p.commit_transaction(TXN_CALL_TIMEOUT)))
+    }
+
+    /// Aborts the open transaction and drops every partition's uncommitted state: all partitions
+    /// are paused, restored, then rewound to their committed offsets and resumed.
+    fn abort_and_rewind(&mut self, consumer: &BaseConsumer<DedupeContext>) -> anyhow::Result<()> {
+        if self.txn_open {
+            if let Err(e) = self.guarded(|p| p.abort_transaction(TXN_CALL_TIMEOUT)) {
+                bail!("aborting the dedupe transaction failed: {e}");
+            }
+            self.txn_open = false;
+        }
+        self.metrics.emit_abort();
+        self.batch.clear();
+        self.batch_records = 0;
+        let assigned: Vec<i32> = self.parts.keys().copied().collect();
+        let mut tpl = TopicPartitionList::new();
+        for p in &assigned {
+            tpl.add_partition(&self.topics.dedupe(), *p);
+        }
+        let _ = consumer.pause(&tpl);
+        for p in assigned {
+            self.start_restore(p);
+        }
+        Ok(())
+    }
+}
+
+enum TxnFailure {
+    Abortable(anyhow::Error),
+    Fatal(anyhow::Error),
+}
+
+/// Retries a transactional call while librdkafka says it is retriable; classifies the rest.
+fn retry_txn(mut call: impl FnMut() -> Result<(), KafkaError>) -> Result<(), TxnFailure> {
+    let mut tries = 0;
+    loop {
+        match call() {
+            Ok(()) => return Ok(()),
+            Err(KafkaError::Transaction(e)) if e.is_retriable() && tries < 10 => {
+                tries += 1;
+                tracing::debug!(error = %e, tries, "retrying transactional call");
+                std::thread::sleep(Duration::from_millis(100 * tries));
+            }
+            Err(KafkaError::Transaction(e)) if e.is_fatal() => {
+                return Err(TxnFailure::Fatal(anyhow::anyhow!(
+                    "fatal transaction error (fenced by a newer instance?): {e}"
+                )))
+            }
+            Err(KafkaError::Transaction(e)) if e.txn_requires_abort() => {
+                return Err(TxnFailure::Abortable(anyhow::anyhow!("{e}")))
+            }
+            Err(e) => return Err(TxnFailure::Abortable(anyhow::anyhow!("{e}"))),
+        }
+    }
+}
+
+fn header_str<'a>(msg: &'a BorrowedMessage<'_>, key: &str) -> Option<&'a str> {
+    msg.headers()?
+        .iter()
+        .find(|hd| hd.key == key)
+        .and_then(|hd| hd.value)
+        .and_then(|v| std::str::from_utf8(v).ok())
+}
+
+fn transactional_id(config: &Config) -> String {
+    let group = config.group_id(STAGE);
+    match &config.kafka.instance_id {
+        // Stable: a restarted instance fences its predecessor's open transaction at once.
+        Some(id) => format!("{group}.{id}"),
+        None => format!(
+            "{group}.{}.{}",
+            std::process::id(),
+            hookline_common::delivery::now_ms()
+        ),
+    }
+}
+
+fn run_blocking(
+    config: Arc<Config>,
+    metrics: DedupeMetrics,
+    ready: Arc<AtomicBool>,
+    stop: Arc<AtomicBool>,
+) -> anyhow::Result<()> {
+    let topics = Topics::new(&config.topics.prefix);
+    let mut pcfg = producer_config(&config);
+    pcfg.set("transactional.id", transactional_id(&config))
+        .set(
+            "transaction.timeout.ms",
+            TRANSACTION_TIMEOUT.as_millis().to_string(),
+        )
+        .set("linger.ms", "5");
+    let producer: ThreadedProducer<rdkafka::producer::DefaultProducerContext> = pcfg
+        .create()
+        .context("creating the transactional producer")?;
+    let watchdog = Arc::new(AtomicI64::new(0));
+    spawn_watchdog(watchdog.clone(), stop.clone());
+    watchdog.store(hookline_common::delivery::now_ms(), Ordering::Relaxed);
+    producer
+        .init_transactions(TXN_CALL_TIMEOUT)
+        .context("initialising transactions (does the broker allow them? transaction.state.log.replication.factor)")?;
+    watchdog.store(0, Ordering::Relaxed);
+
+    let (restore_tx, restore_rx) = mpsc::channel();
+    let core = Arc::new(Mutex::new(Core {
+        config: config.clone(),
+        topics: topics.clone(),
+        producer,
+        metrics,
+        parts: HashMap::new(),
+        next_generation: 0,
+        restore_tx,
+        batch: HashMap::new(),
+        batch_records: 0,
+        txn_open: false,
+        txn_started: Instant::now(),
+        fatal: None,
+        watchdog,
+        to_resume: Vec::new(),
+    }));
+    let mut ccfg = consumer_config(&config, STAGE);
+    // Offsets are committed inside the transactions, never by the consumer.
+    ccfg.set("enable.auto.commit", "false");
+    let consumer: BaseConsumer<DedupeContext> = ccfg
+        .create_with_context(DedupeContext { core: core.clone() })
+        .context("creating the stage B consumer")?;
+    let dedupe_topic = topics.dedupe();
+    consumer
+        .subscribe(&[&dedupe_topic])
+        .with_context(|| format!("subscribing to {dedupe_topic}"))?;
+    ready.store(true, Ordering::Relaxed);
+    tracing::info!(topic = %dedupe_topic, window = ?config.dedupe.window, "dedupe stage started");
+
+    let mut last_expire = Instant::now();
+    let result = (|| -> anyhow::Result<()> {
+        while !stop.load(Ordering::Relaxed) {
+            // Install finished restores, then rewind and resume those partitions.
+            while let Ok(r) = restore_rx.try_recv() {
+                let r = r?;
+                lock(&core).install(r);
+            }
+            let to_resume = std::mem::take(&mut lock(&core).to_resume);
+            for (p, committed) in to_resume {
+                let mut tpl = TopicPartitionList::new();
+                tpl.add_partition(&dedupe_topic, p);
+                let target = match committed {
+                    Offset::Offset(o) => Offset::Offset(o),
+                    _ => Offset::Beginning,
+                };
+                // Paused already; seek (after pause) drops anything fetched past the commit.
+                if let Err(e) = consumer.seek(&dedupe_topic, p, target, Duration::from_secs(10)) {
+                    tracing::debug!(partition = p, error = %e, "seek before resume failed; resuming from the fetch position");
+                }
+                consumer
+                    .resume(&tpl)
+                    .with_context(|| format!("resuming partition {p}"))?;
+            }
+            let polled = consumer.poll(Duration::from_millis(20));
+            let mut core = lock(&core);
+            if let Some(e) = core.fatal.take() {
+                return Err(e);
+            }
+            match polled {
+                Some(Ok(msg)) => core.process(&consumer, &msg)?,
+                Some(Err(e)) => tracing::warn!(error = %e, "consumer error on the dedupe topic"),
+                None => {}
+            }
+            if core.batch_due() {
+                core.commit(&consumer, true)?;
+            }
+            if last_expire.elapsed() >= Duration::from_secs(1) {
+                last_expire = Instant::now();
+                let now = unix_secs();
+                let (mut keys, mut bytes) = (0, 0);
+                for state in core.parts.values_mut() {
+                    if let PartState::Ready(seen) = state {
+                        seen.expire(now);
+                        keys += seen.len();
+                        bytes += seen.bytes();
+                    }
+                }
+                core.metrics.set_seen(keys, bytes);
+            }
+        }
+        let mut core = lock(&core);
+        core.commit(&consumer, true)
+    })();
+    // Leave the group cleanly; the revoke callback finds nothing left to commit.
+    consumer.unsubscribe();
+    drop(consumer);
+    stop.store(true, Ordering::Relaxed);
+    if result.is_ok() {
+        tracing::info!("dedupe stage stopped");
+    }
+    result
+}
+
+/// Exits the process when a transactional call hangs past [`WATCHDOG_DEADLINE`].
+fn spawn_watchdog(armed_at: Arc<AtomicI64>, stop: Arc<AtomicBool>) {
+    let _ = std::thread::Builder::new()
+        .name("dedupe-watchdog".into())
+        .spawn(move || {
+            while !stop.load(Ordering::Relaxed) {
+                std::thread::sleep(Duration::from_millis(500));
+                let since = armed_at.load(Ordering::Relaxed);
+                if since > 0
+                    && hookline_common::delivery::now_ms() - since
+                        > WATCHDOG_DEADLINE.as_millis() as i64
+                {
+                    tracing::error!(
+                        deadline = ?WATCHDOG_DEADLINE,
+                        "a Kafka transactional call hung past its deadline; exiting so the orchestrator restarts the deduper"
+                    );
+                    eprintln!("hookline: dedupe transaction watchdog fired; exiting");
+                    std::process::exit(70);
+                }
+            }
+        });
+}
+
+/// Rebuilds the seen-set of `partition` from the changelog. See the module docs for why reading
+/// the committed offset first makes the end of the changelog the right place to stop.
+fn restore(config: &Config, partition: i32, generation: u64) -> anyhow::Result<Restored> {
+    let started = Instant::now();
+    let topics = Topics::new(&config.topics.prefix);
+    let mut c: ClientConfig = base_config(config);
+    c.set("group.id", config.group_id(STAGE))
+        .set("enable.auto.commit", "false")
+        .set("enable.auto.offset.store", "false")
+        .set("isolation.level", "read_committed")
+        .set("enable.partition.eof", "true")
+        // The end of the log is signalled by an empty fetch: don't let the broker hold it.
+        .set("fetch.wait.max.ms", "10")
+        .set("auto.offset.reset", "earliest");
+    let consumer: BaseConsumer = c.create().context("creating the restore consumer")?;
+
+    let mut input = TopicPartitionList::new();
+    input.add_partition(&topics.dedupe(), partition);
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let committed = loop {
+        match consumer.committed_offsets(input.clone(), Duration::from_secs(15)) {
+            Ok(tpl) => {
+                break tpl
+                    .find_partition(&topics.dedupe(), partition)
+                    .map(|e| e.offset())
+                    .unwrap_or(Offset::Invalid)
+            }
+            Err(e) if Instant::now() < deadline => {
+                tracing::debug!(partition, error = %e, "committed offsets not stable yet; retrying");
+                std::thread::sleep(Duration::from_millis(200));
+            }
+            Err(e) => bail!("reading committed offsets of dedupe partition {partition}: {e}"),
+        }
+    };
+
+    let window = config.dedupe.window.as_secs().max(1);
+    let mut seen = SeenSet::new(window);
+    let state_topic = topics.dedupe_state();
+    let (low, high) = consumer
+        .fetch_watermarks(&state_topic, partition, Duration::from_secs(15))
+        .with_context(|| format!("watermarks of {state_topic}[{partition}]"))?;
+    let mut records = 0u64;
+    if high > low {
+        let mut tpl = TopicPartitionList::new();
+        tpl.add_partition_offset(&state_topic, partition, Offset::Beginning)
+            .context("restore assignment")?;
+        consumer.assign(&tpl).context("assigning the changelog")?;
+        let now = unix_secs();
+        let deadline = Instant::now() + Duration::from_secs(600);
+        loop {
+            match consumer.poll(Duration::from_millis(500)) {
+                Some(Ok(m)) => {
+                    records += 1;
+                    let (Some(k), Some(v)) = (m.key(), m.payload()) else {
+                        continue;
+                    };
+                    let (Ok(k), Ok(v)) = (<[u8; 16]>::try_from(k), <[u8; 4]>::try_from(v)) else {
+                        continue;
+                    };
+                    let t = u32::from_be_bytes(v);
+                    if u64::from(now.saturating_sub(t)) < window {
+                        seen.insert(u128::from_be_bytes(k), t);
+                    }
+                }
+                Some(Err(KafkaError::PartitionEOF(_))) => break,
+                Some(Err(e)) => tracing::warn!(partition, error = %e, "restore read error"),
+                None => {}
+            }
+            if Instant::now() > deadline {
+                bail!("restoring dedupe partition {partition} took longer than 600s");
+            }
+        }
+    }
+    Ok(Restored {
+        partition,
+        generation,
+        seen,
+        committed,
+        records,
+        elapsed: started.elapsed(),
+    })
+}
