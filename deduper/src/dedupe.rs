@@ -649,6 +649,10 @@ fn restore(config: &Config, partition: i32, generation: u64) -> anyhow::Result<R
         .set("enable.partition.eof", "true")
         // The end of the log is signalled by an empty fetch: don't let the broker hold it.
         .set("fetch.wait.max.ms", "10")
+        // Large fetches: the changelog is read start to end as fast as possible.
+        .set("max.partition.fetch.bytes", "16777216")
+        .set("fetch.max.bytes", "67108864")
+        .set("queued.min.messages", "1000000")
         .set("auto.offset.reset", "earliest");
     let consumer: BaseConsumer = c.create().context("creating the restore consumer")?;
 
@@ -716,5 +720,25 @@ fn restore(config: &Config, partition: i32, generation: u64) -> anyhow::Result<R
         committed,
         records,
         elapsed: started.elapsed(),
+    })
+}
+
+/// What a restore did, for the benchmark harness.
+#[derive(Debug, Clone, Copy)]
+pub struct RestoreStats {
+    pub records: u64,
+    pub keys: usize,
+    pub bytes: usize,
+    pub elapsed: Duration,
+}
+
+/// Restores one partition's seen-set from the changelog and reports what it took (benchmarks).
+pub fn restore_for_bench(config: &Config, partition: i32) -> anyhow::Result<RestoreStats> {
+    let r = restore(config, partition, 0)?;
+    Ok(RestoreStats {
+        records: r.records,
+        keys: r.seen.len(),
+        bytes: r.seen.bytes(),
+        elapsed: r.elapsed,
     })
 }

@@ -2,15 +2,15 @@
 //! window, stored compactly.
 //!
 //! Each key is a 128-bit hash ([`hookline_common::keyhash::key_hash`]) and a first-seen time in
-//! whole seconds. Keys live in *generations*, one per time bucket (`window / 8`, at least 1 s) of
-//! first-seen time; a generation is dropped whole once everything in it is older than the window,
-//! so expiry is O(1) amortised and never scans keys. Each generation is an open-addressing table
-//! of 16-byte slots (linear probing, grown ×2 past 3/4 load): 96 bits of the hash are stored for
-//! equality and pick the slot (a false "seen" needs a 96-bit collision), and a
-//! `u32` holds the time. That is 21–43 bytes per key depending on fill (≈27 at 10M keys), against
-//! 80+ for a Redis `SETNX` key.
-
-use std::collections::VecDeque;
+//! whole seconds, in one open-addressing table of 16-byte slots (linear probing, grown ×2 past 3/4
+//! load): 96 bits of the hash are stored for equality and pick the slot (a false "seen" needs a
+//! 96-bit collision), a `u32` holds the time. That is 21–43 bytes per key depending on fill
+//! (≈27 at 10M keys), against 80+ for a Redis `SETNX` key and ≈55 for a `HashMap<u128, u32>`.
+//!
+//! Expiry works by time buckets: a lookup ignores entries older than the window, and once per
+//! bucket (`window / 8`, at least 1 s) a sweep deletes them in place (backward-shift deletion,
+//! no tombstones, no extra memory). Every key is visited by at most ~8 sweeps in its life, so
+//! expiry is O(1) amortised per key, and a lookup is a single probe sequence.
 
 const EMPTY: u32 = 0;
 const MIN_CAPACITY: usize = 1024;
@@ -24,103 +24,23 @@ struct Slot {
     t: u32,
 }
 
-struct Table {
-    slots: Vec<Slot>,
-    len: usize,
-}
-
-impl Table {
-    fn new() -> Self {
-        Table {
-            slots: vec![Slot::default(); MIN_CAPACITY],
-            len: 0,
-        }
-    }
-
-    fn split(h: u128) -> (usize, u64, u32) {
-        let (hi, mid) = ((h >> 64) as u64, (h >> 32) as u32);
-        (slot_index(hi, mid), hi, mid)
-    }
-
-    /// First-seen time of `h`, if stored.
-    fn get(&self, h: u128) -> Option<u32> {
-        let (idx, hi, mid) = Self::split(h);
-        let mask = self.slots.len() - 1;
-        let mut i = idx & mask;
-        loop {
-            let s = &self.slots[i];
-            if s.t == EMPTY {
-                return None;
-            }
-            if s.hi == hi && s.mid == mid {
-                return Some(s.t);
-            }
-            i = (i + 1) & mask;
-        }
-    }
-
-    /// Stores `h` with time `t` (overwriting the time if present).
-    fn put(&mut self, h: u128, t: u32) {
-        if (self.len + 1) * 4 > self.slots.len() * 3 {
-            self.grow();
-        }
-        let (idx, hi, mid) = Self::split(h);
-        let mask = self.slots.len() - 1;
-        let mut i = idx & mask;
-        loop {
-            let s = &mut self.slots[i];
-            if s.t == EMPTY {
-                *s = Slot { hi, mid, t };
-                self.len += 1;
-                return;
-            }
-            if s.hi == hi && s.mid == mid {
-                s.t = s.t.max(t);
-                return;
-            }
-            i = (i + 1) & mask;
-        }
-    }
-
-    fn grow(&mut self) {
-        let doubled = vec![Slot::default(); self.slots.len() * 2];
-        let old = std::mem::replace(&mut self.slots, doubled);
-        let mask = self.slots.len() - 1;
-        for s in old.into_iter().filter(|s| s.t != EMPTY) {
-            let mut i = slot_index(s.hi, s.mid) & mask;
-            loop {
-                if self.slots[i].t == EMPTY {
-                    self.slots[i] = s;
-                    break;
-                }
-                i = (i + 1) & mask;
-            }
-        }
-    }
-
-    fn bytes(&self) -> usize {
-        self.slots.len() * std::mem::size_of::<Slot>()
-    }
-}
-
-/// Home slot of an entry, derived only from stored bits so tables can grow. The low bits come
+/// Home slot of an entry, derived only from stored bits so the table can grow. The low bits come
 /// from `mid`: `hi` is not uniform within a partition (it chose the partition).
 fn slot_index(hi: u64, mid: u32) -> usize {
     (u64::from(mid) | ((hi >> 32) << 32)) as usize
 }
 
-struct Generation {
-    /// Start of the time bucket (unix seconds) this generation covers.
-    start: u32,
-    table: Table,
+fn split(h: u128) -> (u64, u32) {
+    ((h >> 64) as u64, (h >> 32) as u32)
 }
 
 /// Seen dedupe keys of one partition within the window.
 pub struct SeenSet {
     window: u32,
     bucket: u32,
-    /// Oldest first.
-    gens: VecDeque<Generation>,
+    slots: Vec<Slot>,
+    len: usize,
+    last_sweep: u32,
 }
 
 impl SeenSet {
@@ -130,47 +50,62 @@ impl SeenSet {
         SeenSet {
             window,
             bucket: (window / 8).max(1),
-            gens: VecDeque::new(),
+            slots: vec![Slot::default(); MIN_CAPACITY],
+            len: 0,
+            last_sweep: 0,
+        }
+    }
+
+    fn mask(&self) -> usize {
+        self.slots.len() - 1
+    }
+
+    /// Position of `h` in the table, if present.
+    fn find(&self, hi: u64, mid: u32) -> Option<usize> {
+        let mask = self.mask();
+        let mut i = slot_index(hi, mid) & mask;
+        loop {
+            let s = &self.slots[i];
+            if s.t == EMPTY {
+                return None;
+            }
+            if s.hi == hi && s.mid == mid {
+                return Some(i);
+            }
+            i = (i + 1) & mask;
         }
     }
 
     /// True if `h` was first seen within the window before `now` (unix seconds).
     pub fn contains(&self, h: u128, now: u32) -> bool {
-        self.gens.iter().rev().any(|g| {
-            g.table
-                .get(h)
-                .is_some_and(|t| now.saturating_sub(t) < self.window)
-        })
+        let (hi, mid) = split(h);
+        self.find(hi, mid)
+            .is_some_and(|i| now.saturating_sub(self.slots[i].t) < self.window)
     }
 
-    /// Records `h` as first seen at `t` (unix seconds). Used for live inserts and restore.
+    /// Records `h` as first seen at `t` (unix seconds); a later time replaces an earlier one.
+    /// Used for live inserts and restore.
     pub fn insert(&mut self, h: u128, t: u32) {
         let t = t.max(1);
-        let start = t - t % self.bucket;
-        let pos = self.gens.iter().rposition(|g| g.start == start);
-        let gen = match pos {
-            Some(i) => &mut self.gens[i],
-            None => {
-                // Keep generations ordered by start; restore may go slightly back in time.
-                let at = self
-                    .gens
-                    .iter()
-                    .position(|g| g.start > start)
-                    .unwrap_or(self.gens.len());
-                self.gens.insert(
-                    at,
-                    Generation {
-                        start,
-                        table: Table::new(),
-                    },
-                );
-                &mut self.gens[at]
-            }
-        };
-        gen.table.put(h, t);
+        let (hi, mid) = split(h);
+        if let Some(i) = self.find(hi, mid) {
+            let s = &mut self.slots[i];
+            s.t = s.t.max(t);
+            return;
+        }
+        if (self.len + 1) * 4 > self.slots.len() * 3 {
+            self.grow();
+        }
+        let mask = self.mask();
+        let mut i = slot_index(hi, mid) & mask;
+        while self.slots[i].t != EMPTY {
+            i = (i + 1) & mask;
+        }
+        self.slots[i] = Slot { hi, mid, t };
+        self.len += 1;
     }
 
-    /// First sighting within the window? Inserts it if so. The hot path of stage B.
+    /// First sighting within the window? Records it if so. The hot path of stage B.
     pub fn check_and_insert(&mut self, h: u128, now: u32) -> bool {
         if self.contains(h, now) {
             return false;
@@ -179,31 +114,67 @@ impl SeenSet {
         true
     }
 
-    /// Drops generations whose every key is older than the window.
+    fn grow(&mut self) {
+        let doubled = vec![Slot::default(); self.slots.len() * 2];
+        let old = std::mem::replace(&mut self.slots, doubled);
+        let mask = self.mask();
+        for s in old.into_iter().filter(|s| s.t != EMPTY) {
+            let mut i = slot_index(s.hi, s.mid) & mask;
+            while self.slots[i].t != EMPTY {
+                i = (i + 1) & mask;
+            }
+            self.slots[i] = s;
+        }
+    }
+
+    /// Deletes entries older than the window, at most once per time bucket.
     pub fn expire(&mut self, now: u32) {
-        while let Some(g) = self.gens.front() {
-            if u64::from(g.start) + u64::from(self.bucket) + u64::from(self.window)
-                <= u64::from(now)
-            {
-                self.gens.pop_front();
+        if now < self.last_sweep.saturating_add(self.bucket) {
+            return;
+        }
+        self.last_sweep = now;
+        let mut i = 0;
+        while i < self.slots.len() {
+            let s = self.slots[i];
+            if s.t != EMPTY && now.saturating_sub(s.t) >= self.window {
+                // The shift may move another entry into `i`: look at it again.
+                self.delete_at(i);
             } else {
-                break;
+                i += 1;
             }
         }
     }
 
-    /// Number of keys held (including not yet expired stale ones).
+    /// Backward-shift deletion: keeps every probe sequence unbroken without tombstones.
+    fn delete_at(&mut self, i: usize) {
+        let mask = self.mask();
+        let mut hole = i;
+        let mut j = (i + 1) & mask;
+        while self.slots[j].t != EMPTY {
+            let home = slot_index(self.slots[j].hi, self.slots[j].mid) & mask;
+            // The entry at j may fill the hole if the hole lies on its probe path (home..=j).
+            if (j.wrapping_sub(home) & mask) >= (j.wrapping_sub(hole) & mask) {
+                self.slots[hole] = self.slots[j];
+                hole = j;
+            }
+            j = (j + 1) & mask;
+        }
+        self.slots[hole] = Slot::default();
+        self.len -= 1;
+    }
+
+    /// Number of keys held (including stale ones not swept yet).
     pub fn len(&self) -> usize {
-        self.gens.iter().map(|g| g.table.len).sum()
+        self.len
     }
 
     pub fn is_empty(&self) -> bool {
-        self.len() == 0
+        self.len == 0
     }
 
-    /// Heap bytes held by the tables.
+    /// Heap bytes held by the table.
     pub fn bytes(&self) -> usize {
-        self.gens.iter().map(|g| g.table.bytes()).sum()
+        self.slots.len() * std::mem::size_of::<Slot>()
     }
 
     pub fn window_secs(&self) -> u32 {
@@ -237,13 +208,13 @@ mod tests {
     }
 
     #[test]
-    fn expiry_drops_whole_generations() {
+    fn expiry_sweeps_old_keys() {
         let mut s = SeenSet::new(80);
         for i in 0..1000u32 {
             s.insert(key_hash(&format!("k{i}")), 1_000 + i / 10);
         }
         assert_eq!(s.len(), 1000);
-        s.expire(1_000 + 100 + 80 + 10);
+        s.expire(1_000 + 100 + 80);
         assert_eq!(s.len(), 0);
         let mut s2 = SeenSet::new(80);
         s2.insert(key_hash("old"), 1_000);
@@ -251,6 +222,27 @@ mod tests {
         s2.expire(1_095);
         assert!(!s2.contains(key_hash("old"), 1_095));
         assert!(s2.contains(key_hash("new"), 1_095));
+    }
+
+    #[test]
+    fn sweep_keeps_probe_chains_intact() {
+        // Many keys, half expired: after the sweep every fresh key is still found.
+        let mut s = SeenSet::new(100);
+        for i in 0..50_000u32 {
+            s.insert(
+                key_hash(&format!("k{i}")),
+                if i % 2 == 0 { 1_000 } else { 1_090 },
+            );
+        }
+        s.expire(1_100);
+        assert_eq!(s.len(), 25_000);
+        for i in 0..50_000u32 {
+            assert_eq!(
+                s.contains(key_hash(&format!("k{i}")), 1_100),
+                i % 2 == 1,
+                "key {i}"
+            );
+        }
     }
 
     #[test]
