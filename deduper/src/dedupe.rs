@@ -565,10 +565,13 @@ fn run_blocking(
                     Offset::Offset(o) => Offset::Offset(o),
                     _ => Offset::Beginning,
                 };
-                // Paused already; seek (after pause) drops anything fetched past the commit.
-                if let Err(e) = consumer.seek(&dedupe_topic, p, target, Duration::from_secs(10)) {
-                    tracing::debug!(partition = p, error = %e, "seek before resume failed; resuming from the fetch position");
-                }
+                // Paused already; seek (after pause) drops anything fetched past the commit. If
+                // it fails we cannot know where the fetch position is: stop rather than skip.
+                consumer
+                    .seek(&dedupe_topic, p, target, Duration::from_secs(10))
+                    .with_context(|| {
+                        format!("rewinding dedupe partition {p} to its committed offset before resuming")
+                    })?;
                 consumer
                     .resume(&tpl)
                     .with_context(|| format!("resuming partition {p}"))?;

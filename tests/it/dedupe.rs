@@ -418,3 +418,89 @@ async fn scale_in_mid_stream_keeps_exactly_once() {
     assert_eq!(ids.len(), unique);
     assert_eq!(a.sigterm(), Some(0));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn aborted_transactions_rewind_and_recover_exactly_once() {
+    use rdkafka::admin::{AlterConfig, ResourceSpecifier};
+    require_kafka();
+    let prefix = unique_prefix("dedupeabort");
+    let config = test_config(&prefix, "");
+    apply_topics(&config).await;
+    let dispatch = format!("{prefix}.dispatch");
+    let set_max = |bytes: &'static str| {
+        let dispatch = dispatch.clone();
+        async move {
+            let alter = AlterConfig::new(ResourceSpecifier::Topic(&dispatch))
+                .set("max.message.bytes", bytes)
+                .set("retention.ms", "604800000")
+                .set("cleanup.policy", "delete");
+            admin()
+                .alter_configs([&alter], &admin_opts())
+                .await
+                .expect("alter")
+                .into_iter()
+                .for_each(|r| {
+                    r.expect("altered");
+                });
+        }
+    };
+    // The dispatch topic refuses records over 600 bytes: a transaction holding one must abort.
+    set_max("600").await;
+    let events = format!("{prefix}.events");
+    let p = producer();
+    let mut batch: Vec<(i32, String, String)> = (0..300)
+        .map(|i| {
+            (
+                (i % 3) as i32,
+                format!("k{i}"),
+                event(&format!("ab-{i}"), 0),
+            )
+        })
+        .collect();
+    let big = format!(
+        r#"{{"id":"ab-big","type":"order.paid","data":{{"pad":"{}"}}}}"#,
+        "x".repeat(2_000)
+    );
+    batch.insert(150, (1, "kb".into(), big));
+    // Duplicates of the first keys, so a bad rewind/restore would show up as double dispatch.
+    batch.extend((0..100).map(|i| {
+        (
+            (i % 3) as i32,
+            format!("d{i}"),
+            event(&format!("ab-{i}"), 1),
+        )
+    }));
+    produce_many(&p, &events, &batch).await;
+    let running = start_deduper(&config);
+    let start = Instant::now();
+    while counter(
+        &running.registry,
+        "hookline_deduper_transactions_total",
+        Some(("result", "aborted")),
+    ) < 2.0
+        && start.elapsed() < Duration::from_secs(60)
+    {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        counter(
+            &running.registry,
+            "hookline_deduper_transactions_total",
+            Some(("result", "aborted"))
+        ) >= 2.0,
+        "the oversized record makes transactions abort"
+    );
+    // The operator fixes the topic; the stage recovers by itself.
+    set_max("5242880").await;
+    let out = read_until(&dispatch, Duration::from_secs(90), |r| {
+        ids_of(r).0.len() >= 301
+    });
+    assert_eq!(
+        ids_of(&out).0.len(),
+        301,
+        "every key dispatched after recovery"
+    );
+    let settled = read_until(&dispatch, Duration::from_secs(3), |_| false);
+    assert_exactly_once(&settled, 301);
+    running.stop().await.expect("clean stop");
+}
