@@ -12,10 +12,12 @@ started=0
 
 port_open() { (exec 3<>"/dev/tcp/$host/$port") 2>/dev/null; }
 
+data_dir=
 cleanup() {
   if [[ $started == 1 ]]; then
     echo "--- stopping the Kafka broker this run started"
-    KAFKA_PORT=$port deploy/local/kafka stop || true
+    KAFKA_PORT=$port KAFKA_DATA_DIR=$data_dir deploy/local/kafka stop || true
+    rm -rf "$data_dir"
   fi
 }
 trap cleanup EXIT
@@ -28,8 +30,10 @@ else
     echo "error: no Kafka at $bootstrap and it is not local; start it or unset HOOKLINE_TEST_KAFKA" >&2
     exit 1
   fi
-  echo "--- starting a local Kafka broker on port $port"
-  KAFKA_PORT=$port KAFKA_CONTROLLER_PORT=$((port + 1)) deploy/local/kafka start
+  # A fresh data dir per run: no topics left over from earlier runs, removed afterwards.
+  data_dir=$(mktemp -d "${TMPDIR:-/tmp}/hookline-test-kafka.XXXXXX")
+  echo "--- starting a local Kafka broker on port $port (data in $data_dir)"
+  KAFKA_PORT=$port KAFKA_CONTROLLER_PORT=$((port + 1)) KAFKA_DATA_DIR=$data_dir deploy/local/kafka start
   started=1
 fi
 
