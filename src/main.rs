@@ -39,6 +39,16 @@ enum Command {
     Run {
         #[arg(value_enum)]
         stage: Stage,
+        /// With `retry-tier`: the tier(s) to run, by name (`5m`); repeat for several.
+        #[arg(long = "tier", value_name = "TIER")]
+        tiers: Vec<String>,
+    },
+    /// Send dead deliveries again (one fresh attempt each; idempotent by DLQ position).
+    Replay(hookline_retry_tiers::cli::ReplayArgs),
+    /// Browse dead deliveries.
+    Dead {
+        #[command(subcommand)]
+        command: hookline_retry_tiers::cli::DeadCommand,
     },
     /// Configuration tools.
     Config {
@@ -74,6 +84,12 @@ enum TopicsCommand {
 enum Stage {
     /// Validation and dedupe (stage A and B).
     Deduper,
+    /// Fan-out and first delivery attempts from `<p>.dispatch`; failures go to the retry tiers.
+    Dispatcher,
+    /// Every retry tier's worker (delayed re-attempts; the last failure goes to `<p>.dlq`).
+    RetryTiers,
+    /// The worker of the tier(s) named with `--tier` (e.g. `--tier 5m`).
+    RetryTier,
     /// Every stage in one process (small installs, the demo).
     All,
 }
@@ -172,12 +188,26 @@ async fn run_command(command: Command, config: Arc<Config>) -> anyhow::Result<Ex
             }
             Ok(ExitCode::SUCCESS)
         }
-        Command::Run { stage } => run_stages(stage, config).await.map(|()| ExitCode::SUCCESS),
+        Command::Run { stage, tiers } => run_stages(stage, tiers, config)
+            .await
+            .map(|()| ExitCode::SUCCESS),
+        Command::Replay(args) => hookline_retry_tiers::cli::replay(config, args)
+            .await
+            .map(|()| ExitCode::SUCCESS),
+        Command::Dead { command } => hookline_retry_tiers::cli::dead(config, command)
+            .await
+            .map(|()| ExitCode::SUCCESS),
         Command::Config { .. } => unreachable!("handled before the runtime starts"),
     }
 }
 
-async fn run_stages(stage: Stage, config: Arc<Config>) -> anyhow::Result<()> {
+async fn run_stages(stage: Stage, tiers: Vec<String>, config: Arc<Config>) -> anyhow::Result<()> {
+    match (stage, tiers.is_empty()) {
+        (Stage::RetryTier, true) => anyhow::bail!("`run retry-tier` needs --tier <name> (e.g. 5m)"),
+        (Stage::RetryTier, false) => {}
+        (_, false) => anyhow::bail!("--tier applies to `run retry-tier` only"),
+        (_, true) => {}
+    }
     let (trigger, shutdown) = shutdown::channel();
     shutdown::on_signals(trigger.clone());
     let registry = prometheus::Registry::new();
@@ -199,6 +229,28 @@ async fn run_stages(stage: Stage, config: Arc<Config>) -> anyhow::Result<()> {
             shutdown.clone(),
         );
         tasks.spawn(async move { ("deduper", hookline_deduper::run(c, r, rd, s).await) });
+    }
+    if matches!(stage, Stage::Dispatcher | Stage::All) {
+        let (c, r, rd, s) = (
+            config.clone(),
+            registry.clone(),
+            readiness.clone(),
+            shutdown.clone(),
+        );
+        tasks.spawn(async move { ("dispatcher", hookline_dispatcher::run(c, r, rd, s).await) });
+    }
+    if matches!(stage, Stage::RetryTiers | Stage::RetryTier | Stage::All) {
+        let (c, r, rd, s) = (
+            config.clone(),
+            registry.clone(),
+            readiness.clone(),
+            shutdown.clone(),
+        );
+        let only = (stage == Stage::RetryTier).then_some(tiers);
+        tasks.spawn(async move {
+            let result = hookline_retry_tiers::run(c, r, rd, s, only).await;
+            ("retry-tiers", result)
+        });
     }
     let mut failed = None;
     while let Some(joined) = tasks.join_next().await {

@@ -394,7 +394,7 @@ impl Config {
         })?;
         let mut overrides: Vec<(String, String)> = env
             .into_iter()
-            .filter(|(k, _)| k.starts_with("HOOKLINE_") && k != "HOOKLINE_CONFIG")
+            .filter(|(k, _)| k.starts_with("HOOKLINE_") && !is_reserved_env(k))
             .collect();
         overrides.sort();
         for (key, value) in overrides {
@@ -673,7 +673,20 @@ pub fn tier_name(offset: Duration) -> String {
     }
 }
 
+/// `HOOKLINE_…` variables that are not config overrides: the config path and the test harness's.
+fn is_reserved_env(key: &str) -> bool {
+    key == "HOOKLINE_CONFIG"
+        || key.starts_with("HOOKLINE_TEST_")
+        || key.starts_with("HOOKLINE_BENCH_")
+}
+
 fn apply_env_override(root: &mut toml::Table, key: &str, value: &str) -> Result<(), ConfigError> {
+    if !key.contains("__") {
+        return Err(ConfigError::field(
+            key,
+            "environment overrides look like HOOKLINE_<SECTION>__<KEY> (double underscore between levels)",
+        ));
+    }
     let path: Vec<String> = key["HOOKLINE_".len()..]
         .split("__")
         .map(|p| p.to_ascii_lowercase())
@@ -818,6 +831,7 @@ mod tests {
                 "123".to_string(),
             ),
             ("HOOKLINE_CONFIG".to_string(), "ignored".to_string()),
+            ("HOOKLINE_TEST_KAFKA".to_string(), "ignored".to_string()),
         ];
         let c = Config::from_toml_with_env(MIN, "t", env).expect("overrides");
         assert_eq!(c.topics.partitions, 12);
@@ -831,6 +845,19 @@ mod tests {
         let env = vec![("HOOKLINE_TOPICS__NOPE".to_string(), "1".to_string())];
         let err = Config::from_toml_with_env(MIN, "t", env).unwrap_err();
         assert!(err.to_string().contains("nope"), "{err}");
+    }
+
+    #[test]
+    fn env_override_without_double_underscore_is_rejected() {
+        let env = vec![(
+            "HOOKLINE_KAFKA_BOOTSTRAP_SERVERS".to_string(),
+            "x:1".to_string(),
+        )];
+        let err = Config::from_toml_with_env(MIN, "t", env).unwrap_err();
+        assert!(
+            err.to_string().contains("HOOKLINE_KAFKA_BOOTSTRAP_SERVERS"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -39,6 +39,10 @@ impl Topics {
     pub fn dlq(&self) -> String {
         format!("{}.dlq", self.prefix)
     }
+    /// Compacted: one record per finished replay, keyed by its replay key (`dlq:<p>:<offset>`).
+    pub fn replays(&self) -> String {
+        format!("{}.replays", self.prefix)
+    }
 }
 
 /// What one topic should look like.
@@ -120,6 +124,15 @@ pub fn plan(config: &Config) -> Vec<TopicSpec> {
         "dead letters: deliveries that exhausted the schedule (kept forever)",
         None,
     ));
+    let mut replays = spec(
+        t.replays(),
+        "finished DLQ replays by replay key, so a replay never sends twice (compacted)",
+        None,
+    );
+    replays
+        .configs
+        .insert("cleanup.policy".to_string(), "compact".to_string());
+    out.push(replays);
     out
 }
 
@@ -206,12 +219,17 @@ mod tests {
                 "p.retry.2h",
                 "p.retry.6h",
                 "p.retry.24h",
-                "p.dlq"
+                "p.dlq",
+                "p.replays"
             ]
         );
         let specs = plan(&c);
-        let dlq = specs.last().expect("dlq");
+        let dlq = &specs[11];
         assert_eq!(dlq.configs["retention.ms"], "-1");
+        assert_eq!(dlq.configs["cleanup.policy"], "delete");
+        let replays = &specs[12];
+        assert_eq!(replays.configs["cleanup.policy"], "compact");
+        assert_eq!(replays.configs["retention.ms"], "-1");
         let state = &specs[3];
         assert_eq!(
             state.configs["retention.ms"],

@@ -11,8 +11,11 @@
 //! - [`fanout`]: which endpoints an event goes to (tenant + event-type globs), lookup by id.
 //! - [`handoff`]: the next hop of a failed delivery on the fixed schedule (tier or DLQ) and the
 //!   delivery record's headers.
+//! - [`consumer`]: the stage itself — consume `<p>.dispatch`, fan out, first attempts, hand-off
+//!   of failures, per-partition windows and contiguous offsets, rebalances, graceful drain.
 //! - `metrics`: Prometheus metrics of the crate (`hookline_dispatcher_*`).
 
+pub mod consumer;
 pub mod engine;
 pub mod fanout;
 pub mod handoff;
@@ -21,3 +24,21 @@ pub mod signing;
 pub mod ssrf;
 
 pub use engine::{AttemptOutcome, AttemptResult, Engine, FailureClass};
+
+use std::sync::Arc;
+
+use hookline_common::config::Config;
+use hookline_common::ops::Readiness;
+use hookline_common::shutdown::Shutdown;
+
+/// Runs the dispatcher stage until shutdown (SIGTERM: drain, commit, `Ok`). An error means the
+/// stage could not go on safely (Kafka refused a hand-off, startup failed): exit non-zero.
+pub async fn run(
+    config: Arc<Config>,
+    registry: prometheus::Registry,
+    readiness: Readiness,
+    shutdown: Shutdown,
+) -> anyhow::Result<()> {
+    let ready = readiness.register(consumer::STAGE);
+    consumer::run(config, registry, ready, shutdown).await
+}

@@ -1,8 +1,12 @@
 //! Prometheus metrics of the dispatcher crate.
 //!
 //! Engine metrics: one attempt counter by result and failure class, an attempt duration
-//! histogram and an in-flight gauge. Label values are closed sets (never URLs, endpoint ids or
-//! error text), so series count stays fixed.
+//! histogram and an in-flight gauge. Consumer metrics: events taken from `<p>.dispatch` by
+//! result, hand-offs by target, events in flight. Label values are closed sets (never URLs,
+//! endpoint ids or error text), so series count stays fixed.
+//!
+//! Each internal event of the consumer has one `emit_…` method that logs *and* counts, so logs
+//! and metrics never drift.
 
 use prometheus::{Histogram, HistogramOpts, IntCounterVec, IntGauge, Opts, Registry};
 
@@ -73,5 +77,137 @@ impl EngineMetrics {
         ) {
             self.duration.observe(outcome.duration.as_secs_f64());
         }
+    }
+}
+
+/// Where a failed first attempt was handed: the first retry tier, or the dead-letter topic when
+/// the schedule has a single attempt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum HandoffTarget {
+    Retry,
+    Dlq,
+}
+
+impl HandoffTarget {
+    const ALL: [HandoffTarget; 2] = [HandoffTarget::Retry, HandoffTarget::Dlq];
+
+    fn as_str(self) -> &'static str {
+        match self {
+            HandoffTarget::Retry => "retry",
+            HandoffTarget::Dlq => "dlq",
+        }
+    }
+}
+
+/// Metrics of the dispatcher's consumer loop.
+#[derive(Clone)]
+pub(crate) struct ConsumerMetrics {
+    /// `hookline_dispatcher_events_total{result="fanned_out|no_endpoint|malformed"}`.
+    events: IntCounterVec,
+    /// `hookline_dispatcher_handoffs_total{target="retry|dlq"}`.
+    handoffs: IntCounterVec,
+    /// Events taken from `<p>.dispatch` whose deliveries are not all delivered or handed off.
+    inflight: IntGauge,
+}
+
+impl ConsumerMetrics {
+    const EVENT_RESULTS: [&'static str; 3] = ["fanned_out", "no_endpoint", "malformed"];
+
+    pub(crate) fn register(registry: &Registry) -> prometheus::Result<Self> {
+        let events = IntCounterVec::new(
+            Opts::new(
+                "hookline_dispatcher_events_total",
+                "Events read from <p>.dispatch, by what the dispatcher did with them",
+            ),
+            &["result"],
+        )?;
+        let handoffs = IntCounterVec::new(
+            Opts::new(
+                "hookline_dispatcher_handoffs_total",
+                "Failed first attempts handed to the first retry tier or the dead-letter topic",
+            ),
+            &["target"],
+        )?;
+        let inflight = IntGauge::new(
+            "hookline_dispatcher_inflight_events",
+            "Events whose deliveries are not all delivered or handed off yet",
+        )?;
+        registry.register(Box::new(events.clone()))?;
+        registry.register(Box::new(handoffs.clone()))?;
+        registry.register(Box::new(inflight.clone()))?;
+        for result in Self::EVENT_RESULTS {
+            events.with_label_values(&[result]);
+        }
+        for target in HandoffTarget::ALL {
+            handoffs.with_label_values(&[target.as_str()]);
+        }
+        Ok(ConsumerMetrics {
+            events,
+            handoffs,
+            inflight,
+        })
+    }
+
+    /// An event went out to `endpoints` deliveries.
+    pub(crate) fn emit_fanned_out(&self, partition: i32, offset: i64, endpoints: usize) {
+        tracing::trace!(partition, offset, endpoints, "event fanned out");
+        self.events.with_label_values(&["fanned_out"]).inc();
+        self.inflight.inc();
+    }
+
+    /// Every delivery of a fanned-out event is delivered or handed off.
+    pub(crate) fn emit_event_done(&self) {
+        self.inflight.dec();
+    }
+
+    /// No enabled endpoint subscribes to the event: it is complete at once.
+    pub(crate) fn emit_no_endpoint(&self, partition: i32, offset: i64, event_type: &str) {
+        tracing::debug!(
+            partition,
+            offset,
+            event_type,
+            "no endpoint subscribes to the event"
+        );
+        self.events.with_label_values(&["no_endpoint"]).inc();
+    }
+
+    /// A record without the envelope headers the deduper writes: a bug upstream. It is completed
+    /// (never retried forever) and left on the topic for inspection.
+    pub(crate) fn emit_malformed(&self, partition: i32, offset: i64, problem: &str) {
+        tracing::error!(
+            partition,
+            offset,
+            problem,
+            "malformed dispatch record skipped (written by something other than the deduper?)"
+        );
+        self.events.with_label_values(&["malformed"]).inc();
+    }
+
+    /// A failed first attempt was acknowledged by Kafka on its next hop.
+    pub(crate) fn emit_handed_off(
+        &self,
+        endpoint: &str,
+        event: &str,
+        attempt: u32,
+        class: &str,
+        target: HandoffTarget,
+    ) {
+        match target {
+            HandoffTarget::Retry => tracing::warn!(
+                endpoint,
+                event,
+                attempt,
+                class,
+                "delivery failed, handed to retry tier"
+            ),
+            HandoffTarget::Dlq => tracing::warn!(
+                endpoint,
+                event,
+                attempt,
+                class,
+                "delivery failed, dead-lettered (the schedule has a single attempt)"
+            ),
+        }
+        self.handoffs.with_label_values(&[target.as_str()]).inc();
     }
 }

@@ -273,3 +273,22 @@ pub fn counter(registry: &prometheus::Registry, name: &str, label: Option<(&str,
         .map(|m| m.get_counter().get_value())
         .sum()
 }
+
+/// Starts the dispatcher stage in-process.
+#[allow(dead_code)]
+pub fn start_dispatcher(config: &Config) -> Running {
+    let (trigger, shutdown) = shutdown::channel();
+    let registry = prometheus::Registry::new();
+    let config = Arc::new(config.clone());
+    let handle = tokio::spawn(hookline_dispatcher::run(
+        config,
+        registry.clone(),
+        Readiness::default(),
+        shutdown,
+    ));
+    Running {
+        trigger,
+        handle: Some(handle),
+        registry,
+    }
+}

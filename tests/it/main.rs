@@ -2,7 +2,9 @@
 //! concern; every test uses its own topic prefix so they run in parallel.
 
 mod dedupe;
+mod dispatcher;
 mod harness;
 mod receiver;
+mod retry;
 mod topics;
 mod validation;

@@ -1,0 +1,236 @@
+//! Prometheus metrics of the tier workers, `hookline_retry_*`. Label values are closed sets: the
+//! tier names come from `retry.schedule`, outcomes and failure classes are fixed lists.
+//!
+//! Each internal event has one `emit_…` method that logs *and* counts, so logs and metrics never
+//! drift.
+
+use prometheus::{
+    Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
+    Registry,
+};
+
+use hookline_common::delivery::{DeadReason, DeliveryMeta};
+use hookline_dispatcher::{AttemptOutcome, AttemptResult, FailureClass};
+
+/// What a tier worker did with one record (the `outcome` label).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Outcome {
+    Delivered,
+    NextTier,
+    Dead(DeadReason),
+    Invalid,
+}
+
+impl Outcome {
+    const ALL: [Outcome; 6] = [
+        Outcome::Delivered,
+        Outcome::NextTier,
+        Outcome::Dead(DeadReason::Exhausted),
+        Outcome::Dead(DeadReason::EndpointRemoved),
+        Outcome::Dead(DeadReason::EndpointDisabled),
+        Outcome::Invalid,
+    ];
+
+    fn as_str(self) -> &'static str {
+        match self {
+            Outcome::Delivered => "delivered",
+            Outcome::NextTier => "next_tier",
+            Outcome::Dead(DeadReason::Exhausted) => "dead_exhausted",
+            Outcome::Dead(DeadReason::EndpointRemoved) => "dead_endpoint_removed",
+            Outcome::Dead(DeadReason::EndpointDisabled) => "dead_endpoint_disabled",
+            Outcome::Invalid => "invalid",
+        }
+    }
+}
+
+/// Metric families shared by every tier of the process.
+#[derive(Clone)]
+pub(crate) struct Metrics {
+    attempts: IntCounterVec,
+    records: IntCounterVec,
+    lateness: HistogramVec,
+    waiting: IntGaugeVec,
+    inflight: IntGaugeVec,
+    paused: IntGaugeVec,
+}
+
+impl Metrics {
+    pub(crate) fn register(registry: &Registry) -> prometheus::Result<Self> {
+        let attempts = IntCounterVec::new(
+            Opts::new(
+                "hookline_retry_attempts_total",
+                "Delivery attempts made by the tier workers, by result and failure class",
+            ),
+            &["tier", "result", "class"],
+        )?;
+        let records = IntCounterVec::new(
+            Opts::new(
+                "hookline_retry_records_total",
+                "Tier records finished, by outcome (delivered, next tier, dead by reason, invalid)",
+            ),
+            &["tier", "outcome"],
+        )?;
+        let lateness = HistogramVec::new(
+            HistogramOpts::new(
+                "hookline_retry_lateness_seconds",
+                "How late an attempt started after its due time",
+            )
+            .buckets(vec![
+                0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0,
+                1800.0,
+            ]),
+            &["tier"],
+        )?;
+        let waiting = IntGaugeVec::new(
+            Opts::new(
+                "hookline_retry_waiting_records",
+                "Records read from a tier and held in memory until they are due",
+            ),
+            &["tier"],
+        )?;
+        let inflight = IntGaugeVec::new(
+            Opts::new(
+                "hookline_retry_inflight_records",
+                "Tier records being attempted or handed off",
+            ),
+            &["tier"],
+        )?;
+        let paused = IntGaugeVec::new(
+            Opts::new(
+                "hookline_retry_paused_partitions",
+                "Tier partitions paused (head not due yet, or enough records held)",
+            ),
+            &["tier"],
+        )?;
+        registry.register(Box::new(attempts.clone()))?;
+        registry.register(Box::new(records.clone()))?;
+        registry.register(Box::new(lateness.clone()))?;
+        registry.register(Box::new(waiting.clone()))?;
+        registry.register(Box::new(inflight.clone()))?;
+        registry.register(Box::new(paused.clone()))?;
+        Ok(Metrics {
+            attempts,
+            records,
+            lateness,
+            waiting,
+            inflight,
+            paused,
+        })
+    }
+
+    /// The metrics of one tier, every series created up front (zeros, not gaps).
+    pub(crate) fn tier(&self, tier: &str) -> TierMetrics {
+        let mut attempts = vec![(
+            "ok",
+            self.attempts.with_label_values(&[tier, "delivered", "ok"]),
+        )];
+        for class in FailureClass::ALL {
+            attempts.push((
+                class.as_str(),
+                self.attempts
+                    .with_label_values(&[tier, "failed", class.as_str()]),
+            ));
+        }
+        TierMetrics {
+            tier: tier.to_string(),
+            attempts,
+            records: Outcome::ALL
+                .iter()
+                .map(|o| (*o, self.records.with_label_values(&[tier, o.as_str()])))
+                .collect(),
+            lateness: self.lateness.with_label_values(&[tier]),
+            waiting: self.waiting.with_label_values(&[tier]),
+            inflight: self.inflight.with_label_values(&[tier]),
+            paused: self.paused.with_label_values(&[tier]),
+        }
+    }
+}
+
+/// The series of one tier.
+#[derive(Clone)]
+pub(crate) struct TierMetrics {
+    tier: String,
+    attempts: Vec<(&'static str, IntCounter)>,
+    records: Vec<(Outcome, IntCounter)>,
+    lateness: Histogram,
+    pub(crate) waiting: IntGauge,
+    pub(crate) inflight: IntGauge,
+    pub(crate) paused: IntGauge,
+}
+
+impl TierMetrics {
+    fn count(&self, outcome: Outcome) {
+        if let Some((_, c)) = self.records.iter().find(|(o, _)| *o == outcome) {
+            c.inc();
+        }
+    }
+
+    /// An attempt finished; `lateness_ms` is how long after its due time it started.
+    pub(crate) fn emit_attempt(&self, meta: &DeliveryMeta, outcome: &AttemptOutcome) {
+        let lateness_ms = (outcome.started_at_ms - meta.due_ms).max(0);
+        self.lateness.observe(lateness_ms as f64 / 1000.0);
+        let class = match &outcome.result {
+            AttemptResult::Delivered { .. } => "ok",
+            AttemptResult::Failed { class, .. } => class.as_str(),
+        };
+        if let Some((_, c)) = self.attempts.iter().find(|(k, _)| *k == class) {
+            c.inc();
+        }
+        tracing::debug!(
+            tier = %self.tier,
+            endpoint = %meta.endpoint_id,
+            event_id = %meta.event_id,
+            attempt = outcome.attempt,
+            class,
+            lateness_ms,
+            "retry attempt finished"
+        );
+    }
+
+    pub(crate) fn emit_delivered(&self, meta: &DeliveryMeta, attempt: u32) {
+        tracing::info!(
+            tier = %self.tier,
+            endpoint = %meta.endpoint_id,
+            event_id = %meta.event_id,
+            attempt,
+            "delivered on retry"
+        );
+        self.count(Outcome::Delivered);
+    }
+
+    pub(crate) fn emit_next_tier(&self, meta: &DeliveryMeta, topic: &str) {
+        tracing::debug!(
+            tier = %self.tier,
+            endpoint = %meta.endpoint_id,
+            event_id = %meta.event_id,
+            next_attempt = meta.attempt,
+            due_ms = meta.due_ms,
+            topic,
+            "retry failed, handed to the next tier"
+        );
+        self.count(Outcome::NextTier);
+    }
+
+    pub(crate) fn emit_dead(&self, meta: &DeliveryMeta, reason: DeadReason) {
+        tracing::warn!(
+            tier = %self.tier,
+            endpoint = %meta.endpoint_id,
+            event_id = %meta.event_id,
+            reason = reason.as_str(),
+            attempts = meta.history.last().map_or(0, |a| a.n),
+            "delivery is dead, moved to the dead-letter topic"
+        );
+        self.count(Outcome::Dead(reason));
+    }
+
+    pub(crate) fn emit_invalid(&self, partition: i32, offset: i64, problem: &str) {
+        tracing::error!(
+            tier = %self.tier,
+            partition,
+            offset,
+            problem,
+            "tier record without readable delivery metadata, parked on the invalid topic"
+        );
+        self.count(Outcome::Invalid);
+    }
+}

@@ -1,0 +1,385 @@
+//! `hookline replay`: sends dead deliveries again, by filter.
+//!
+//! It reads `<p>.dlq` from the beginning (or the given offsets) up to the end it had at start,
+//! keeps the records matching the filters, and gives each one fresh immediate attempt with the
+//! delivery engine and the endpoint's current config: `webhook-attempt` = previous attempts + 1,
+//! `webhook-id` = the same event id, the same body. Replays go straight to the endpoint (no event
+//! dedupe: they are intentional). On failure the delivery returns to the DLQ as a new record with
+//! the attempt appended and `hookline-replay-key` set.
+//!
+//! `--with-retries` gives it a fresh full schedule instead: the immediate attempt is attempt 1 of
+//! a new schedule (`webhook-attempt` counts from 1 again, the history keeps the earlier attempts)
+//! and a failure goes to the first tier, then through the tiers as usual.
+//!
+//! Idempotence: each record's replay is named by its intent, `dlq:<partition>:<offset>`. When its
+//! attempt has finished (and a failure's new record is acknowledged), the key is recorded on the
+//! compacted `<p>.replays` with the outcome as JSON. A replay first reads `<p>.replays` and skips
+//! the keys already there, so running the same replay twice sends once, and a replay that crashed
+//! sends again only what was in flight (at most `--concurrency` records, 1 by default).
+
+use std::collections::HashMap;
+use std::io::Write;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use rdkafka::message::{Message, OwnedHeaders};
+use rdkafka::producer::{FutureProducer, Producer};
+use rdkafka::util::Timeout;
+use serde_json::{json, Value};
+use tokio::task::JoinSet;
+
+use hookline_common::config::{Config, EndpointConfig};
+use hookline_common::delivery::{now_ms, DeadReason, DeliveryMeta};
+use hookline_common::kafka::producer_config;
+use hookline_common::topics::Topics;
+use hookline_dispatcher::fanout::Endpoints;
+use hookline_dispatcher::handoff::{self, Hop};
+use hookline_dispatcher::{AttemptOutcome, AttemptResult, Engine};
+
+use crate::attempt::produce;
+use crate::dead::{attempts_made, DeadFilter, DeadRecord};
+use crate::read::{Range, TopicReader};
+
+/// What to replay and how.
+#[derive(Debug, Clone)]
+pub struct ReplayOptions {
+    pub filter: DeadFilter,
+    /// List what would be replayed; send and write nothing.
+    pub dry_run: bool,
+    /// Deliveries started per second, at most.
+    pub rate: Option<f64>,
+    /// A fresh full schedule instead of one immediate attempt.
+    pub with_retries: bool,
+    /// Replays in flight at once (≥ 1).
+    pub concurrency: usize,
+}
+
+impl Default for ReplayOptions {
+    fn default() -> Self {
+        ReplayOptions {
+            filter: DeadFilter::default(),
+            dry_run: false,
+            rate: None,
+            with_retries: false,
+            concurrency: 1,
+        }
+    }
+}
+
+/// What a replay run did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ReplaySummary {
+    /// Dead letters matching the filters.
+    pub selected: usize,
+    /// Selected, but their replay key is already on `<p>.replays`.
+    pub already_replayed: usize,
+    /// Listed by a dry run.
+    pub would_replay: usize,
+    pub delivered: usize,
+    /// Attempted and failed: back on the DLQ (or the first tier with `--with-retries`).
+    pub failed: usize,
+    /// Not attempted: unreadable metadata, or the endpoint is not configured or disabled.
+    pub skipped: usize,
+}
+
+/// Everything a replay task needs.
+struct Replayer {
+    topics: Topics,
+    schedule: Vec<Duration>,
+    engine: Engine,
+    producer: FutureProducer,
+    with_retries: bool,
+}
+
+/// How one replay ended.
+struct Replayed {
+    position: String,
+    endpoint_id: String,
+    event_id: String,
+    attempt: u32,
+    outcome: AttemptOutcome,
+    /// Where a failure went (`<p>.dlq` or the first tier).
+    returned_to: Option<String>,
+}
+
+/// Runs a replay, writing one line per record and a summary to `out`.
+pub async fn run(
+    config: Arc<Config>,
+    options: ReplayOptions,
+    out: &mut (dyn Write + Send),
+) -> anyhow::Result<ReplaySummary> {
+    let topics = Topics::new(&config.topics.prefix);
+    let finished = finished(&config).await?;
+    let endpoints = Endpoints::new(&config.endpoints);
+    let replayer = if options.dry_run {
+        None
+    } else {
+        Some(Arc::new(Replayer {
+            topics: topics.clone(),
+            schedule: config.retry.schedule.clone(),
+            engine: Engine::new(
+                &config.http,
+                config.dispatcher.endpoint_concurrency,
+                &prometheus::Registry::new(),
+            )
+            .context("building the delivery engine")?,
+            producer: producer_config(&config)
+                .create()
+                .context("creating the replay producer")?,
+            with_retries: options.with_retries,
+        }))
+    };
+    let mut pace = options.rate.filter(|r| *r > 0.0).map(|rate| {
+        let mut i = tokio::time::interval(Duration::from_secs_f64(1.0 / rate));
+        i.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        i
+    });
+    let concurrency = options.concurrency.max(1);
+
+    let mut summary = ReplaySummary::default();
+    let mut tasks: JoinSet<anyhow::Result<Replayed>> = JoinSet::new();
+    let mut reader = TopicReader::open(&config, &topics.dlq(), &options.filter.range()).await?;
+    while let Some(m) = reader.next().await? {
+        let record = DeadRecord::from_message(&m);
+        if !options.filter.matches(&record) {
+            continue;
+        }
+        summary.selected += 1;
+        if finished.contains_key(&record.replay_key()) {
+            summary.already_replayed += 1;
+            continue;
+        }
+        let meta = match &record.meta {
+            Ok(meta) => meta,
+            Err(e) => {
+                summary.skipped += 1;
+                writeln!(
+                    out,
+                    "skipped {}: unreadable delivery metadata ({e})",
+                    record.position()
+                )?;
+                continue;
+            }
+        };
+        let endpoint = match endpoints.get(&meta.endpoint_id) {
+            Some(ep) if ep.enabled => ep,
+            found => {
+                summary.skipped += 1;
+                let why = if found.is_some() {
+                    "is disabled"
+                } else {
+                    "is not configured"
+                };
+                writeln!(
+                    out,
+                    "skipped {}: endpoint {} {why}",
+                    record.position(),
+                    meta.endpoint_id
+                )?;
+                continue;
+            }
+        };
+        let Some(replayer) = &replayer else {
+            summary.would_replay += 1;
+            writeln!(
+                out,
+                "would replay {} endpoint={} event={} type={} reason={} attempts={}",
+                record.position(),
+                meta.endpoint_id,
+                meta.event_id,
+                meta.event_type,
+                meta.dead_reason.map_or("-", |d| d.as_str()),
+                attempts_made(meta)
+            )?;
+            continue;
+        };
+        while tasks.len() >= concurrency {
+            if let Some(joined) = tasks.join_next().await {
+                report(joined, &mut summary, out)?;
+            }
+        }
+        if let Some(pace) = &mut pace {
+            pace.tick().await;
+        }
+        let replayer = replayer.clone();
+        tasks.spawn(async move { replayer.replay(record, &endpoint).await });
+    }
+    while let Some(joined) = tasks.join_next().await {
+        report(joined, &mut summary, out)?;
+    }
+    if let Some(replayer) = replayer {
+        let producer = replayer.producer.clone();
+        let _ = tokio::task::spawn_blocking(move || {
+            producer.flush(Timeout::After(Duration::from_secs(10)))
+        })
+        .await;
+    }
+    if options.dry_run {
+        writeln!(
+            out,
+            "dry run: {} selected, {} would be replayed, {} already replayed, {} skipped",
+            summary.selected, summary.would_replay, summary.already_replayed, summary.skipped
+        )?;
+    } else {
+        writeln!(
+            out,
+            "replay: {} selected, {} delivered, {} failed, {} already replayed, {} skipped",
+            summary.selected,
+            summary.delivered,
+            summary.failed,
+            summary.already_replayed,
+            summary.skipped
+        )?;
+    }
+    Ok(summary)
+}
+
+/// Prints and counts one finished replay; a Kafka write failure stops the run.
+fn report(
+    joined: Result<anyhow::Result<Replayed>, tokio::task::JoinError>,
+    summary: &mut ReplaySummary,
+    out: &mut (dyn Write + Send),
+) -> anyhow::Result<()> {
+    let r = joined.context("a replay task panicked")??;
+    let line = format!(
+        "replayed {} endpoint={} event={} attempt={}",
+        r.position, r.endpoint_id, r.event_id, r.attempt
+    );
+    match &r.outcome.result {
+        AttemptResult::Delivered { status } => {
+            summary.delivered += 1;
+            writeln!(out, "{line} result=delivered status={status}")?;
+        }
+        AttemptResult::Failed { class, status, .. } => {
+            summary.failed += 1;
+            let status = status.map(|s| format!(" status={s}")).unwrap_or_default();
+            writeln!(
+                out,
+                "{line} result=failed class={class}{status} returned_to={}",
+                r.returned_to.as_deref().unwrap_or("-")
+            )?;
+        }
+    }
+    Ok(())
+}
+
+impl Replayer {
+    /// One replay: the attempt, a failure's new record, then the replay key on `<p>.replays`.
+    async fn replay(
+        &self,
+        record: DeadRecord,
+        endpoint: &EndpointConfig,
+    ) -> anyhow::Result<Replayed> {
+        let key = record.replay_key();
+        let mut meta: DeliveryMeta = record
+            .meta
+            .map_err(|e| anyhow::anyhow!("unreadable metadata: {e}"))?;
+        let attempt = if self.with_retries {
+            1
+        } else {
+            // `attempt` is the next attempt's number; the history may hold a larger one if the
+            // record was written by an older schedule.
+            meta.attempt.max(attempts_made(&meta) + 1)
+        };
+        let outcome = self
+            .engine
+            .deliver(endpoint, &meta.event_id, record.value.clone(), attempt)
+            .await;
+        let mut returned_to = None;
+        if !outcome.result.is_delivered() {
+            meta.replay_key = Some(key.clone());
+            let topic = if self.with_retries {
+                meta.dead_reason = None;
+                meta.dead_at_ms = None;
+                meta.first_attempt_ms = outcome.started_at_ms;
+                match handoff::after_failure(&mut meta, &outcome, &self.topics, &self.schedule) {
+                    Hop::Retry { topic, .. } | Hop::Dead { topic } => topic,
+                }
+            } else {
+                meta.push_attempt(handoff::attempt_record(&outcome));
+                meta.attempt = attempt + 1;
+                handoff::mark_dead(&mut meta, DeadReason::Exhausted);
+                self.topics.dlq()
+            };
+            let headers = handoff::headers(&meta, record.dedupe_key.as_deref());
+            produce(
+                &self.producer,
+                &topic,
+                record.key.as_deref(),
+                Some(&record.value),
+                headers,
+            )
+            .await?;
+            returned_to = Some(topic);
+        }
+        let done = json!({
+            "replay_key": key,
+            "position": record_position(&key),
+            "endpoint_id": meta.endpoint_id,
+            "event_id": meta.event_id,
+            "attempt": attempt,
+            "result": if outcome.result.is_delivered() { "delivered" } else { "failed" },
+            "attempt_record": handoff::attempt_record(&outcome),
+            "returned_to": returned_to,
+            "with_retries": self.with_retries,
+            "finished_at_ms": now_ms(),
+        });
+        produce(
+            &self.producer,
+            &self.topics.replays(),
+            Some(key.as_bytes()),
+            Some(done.to_string().as_bytes()),
+            OwnedHeaders::new(),
+        )
+        .await?;
+        Ok(Replayed {
+            position: format!("{}:{}", record.partition, record.offset),
+            endpoint_id: meta.endpoint_id,
+            event_id: meta.event_id,
+            attempt,
+            outcome,
+            returned_to,
+        })
+    }
+}
+
+/// `dlq:0:5` → `0:5`.
+fn record_position(key: &str) -> &str {
+    key.strip_prefix("dlq:").unwrap_or(key)
+}
+
+/// Every finished replay on `<p>.replays`: replay key → outcome JSON.
+pub async fn finished(config: &Config) -> anyhow::Result<HashMap<String, Value>> {
+    let topic = Topics::new(&config.topics.prefix).replays();
+    let mut reader = TopicReader::open(config, &topic, &Range::default()).await?;
+    let mut done = HashMap::new();
+    while let Some(m) = reader.next().await? {
+        let Some(key) = m.key().and_then(|k| std::str::from_utf8(k).ok()) else {
+            continue;
+        };
+        match m.payload() {
+            // A tombstone: the replay key was released by an operator.
+            None => {
+                done.remove(key);
+            }
+            Some(v) => {
+                let value = serde_json::from_slice(v)
+                    .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(v).into_owned()));
+                done.insert(key.to_string(), value);
+            }
+        }
+    }
+    Ok(done)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn replay_keys_name_the_dlq_position() {
+        assert_eq!(crate::dead::replay_key(4, 17), "dlq:4:17");
+        assert_eq!(record_position("dlq:4:17"), "4:17");
+    }
+}

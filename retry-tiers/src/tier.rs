@@ -1,0 +1,491 @@
+//! One retry tier's worker: consumer group `<group_prefix>.retry.<tier>` on `<p>.retry.<tier>`.
+//!
+//! Per partition, records are held in memory from the moment they are received until they are
+//! due ([`crate::waiting`]); a partition whose head is not due yet is paused and resumed when it
+//! is, by a timer in this loop. The loop never sleeps and never stops polling the consumer (a
+//! tick at most [`TICK`] apart keeps it polling while every partition is paused), so the consumer
+//! is never evicted for exceeding `max.poll.interval.ms`. Due records are attempted concurrently
+//! (up to `dispatcher.max_in_flight_per_partition` per partition) as tasks; the offset stored is
+//! the contiguous completed prefix, committed in the background.
+//!
+//! Stopping: fetching stops, records not started are forgotten (never stored, so re-read), the
+//! in-flight ones finish within `dispatcher.shutdown_grace`; attempts still running then are cut
+//! short, recorded as a `timeout` and handed off; then offsets are committed.
+//!
+//! Rebalances: librdkafka keeps a partition's pause state across a rebalance, so every assigned
+//! partition is resumed explicitly in the assign callback. A revoked partition's held records and
+//! timer are dropped (the state is keyed by an assignment generation, so a late completion or a
+//! timer never touches a partition this worker no longer owns or owns again since). Its in-flight
+//! attempts finish, but their offsets are not stored: the new owner re-attempts them (delivery is
+//! at least once).
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::Context as _;
+use rdkafka::client::ClientContext;
+use rdkafka::consumer::{
+    BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance, StreamConsumer,
+};
+use rdkafka::error::KafkaError;
+use rdkafka::message::Message;
+use rdkafka::{Offset, TopicPartitionList};
+use tokio::sync::{watch, Notify};
+use tokio::task::JoinSet;
+use tokio::time::Instant;
+
+use hookline_common::delivery::now_ms;
+use hookline_common::kafka::consumer_config;
+use hookline_common::shutdown::Shutdown;
+
+use crate::attempt::{self, Pending, Source, Stage};
+use crate::metrics::TierMetrics;
+use crate::waiting::{PartitionWaiting, LOOKAHEAD_MS};
+
+/// Longest the loop goes without polling the consumer (rebalance callbacks, liveness).
+pub(crate) const TICK: Duration = Duration::from_millis(500);
+
+/// After the shutdown grace, how long cut-short attempts get to be acknowledged on their next
+/// hop before the worker gives up on them (they are then attempted again after the restart).
+const HANDOFF_DRAIN: Duration = Duration::from_secs(10);
+
+/// One tier: its name (`5m`) and topic (`<p>.retry.5m`).
+#[derive(Debug, Clone)]
+pub(crate) struct Tier {
+    pub(crate) name: String,
+    pub(crate) topic: String,
+}
+
+/// Assignment changes seen by the rebalance callbacks, applied by the loop.
+#[derive(Debug)]
+enum Rebalanced {
+    Assigned(Vec<i32>),
+    Revoked(Vec<i32>),
+}
+
+/// The consumer's context. Its callbacks run inside `recv()` on the loop's task; they only record
+/// what changed (and resume assigned partitions) and wake the loop, never block.
+struct TierContext {
+    tier: String,
+    changes: Mutex<Vec<Rebalanced>>,
+    /// Wakes the loop to apply `changes` (the callback itself does not end `recv()`).
+    changed: Notify,
+}
+
+impl TierContext {
+    fn record(&self, change: Rebalanced) {
+        match self.changes.lock() {
+            Ok(mut changes) => changes.push(change),
+            Err(poisoned) => poisoned.into_inner().push(change),
+        }
+        self.changed.notify_one();
+    }
+
+    fn take(&self) -> Vec<Rebalanced> {
+        match self.changes.lock() {
+            Ok(mut changes) => std::mem::take(&mut *changes),
+            Err(poisoned) => std::mem::take(&mut *poisoned.into_inner()),
+        }
+    }
+}
+
+fn partitions(tpl: &TopicPartitionList) -> Vec<i32> {
+    tpl.elements().iter().map(|e| e.partition()).collect()
+}
+
+impl ClientContext for TierContext {}
+
+impl ConsumerContext for TierContext {
+    fn pre_rebalance(&self, _consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+        if let Rebalance::Revoke(tpl) = rebalance {
+            self.record(Rebalanced::Revoked(partitions(tpl)));
+        }
+    }
+
+    fn post_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+        match rebalance {
+            Rebalance::Assign(tpl) => {
+                // A partition paused before it was revoked would otherwise come back paused and
+                // never be fetched again.
+                if tpl.count() > 0 {
+                    if let Err(e) = consumer.resume(tpl) {
+                        tracing::warn!(tier = %self.tier, error = %e, "resuming assigned partitions failed");
+                    }
+                }
+                self.record(Rebalanced::Assigned(partitions(tpl)));
+            }
+            Rebalance::Revoke(_) => {}
+            Rebalance::Error(e) => {
+                tracing::warn!(tier = %self.tier, error = %e, "rebalance error");
+            }
+        }
+    }
+}
+
+/// A partition this worker owns, for one assignment generation.
+struct Part {
+    generation: u64,
+    waiting: PartitionWaiting<Pending>,
+}
+
+/// A finished record task.
+struct Done {
+    partition: i32,
+    generation: u64,
+    offset: i64,
+    result: anyhow::Result<()>,
+}
+
+/// What woke the loop.
+enum Wake {
+    Stop,
+    Finished(Result<Done, tokio::task::JoinError>),
+    /// A due time, the tick, or a rebalance: re-evaluate.
+    Recheck,
+    Received(Result<Box<Received>, KafkaError>),
+}
+
+/// A record as received: partition, offset, due time, decoded record.
+struct Received {
+    partition: i32,
+    offset: i64,
+    due_ms: i64,
+    pending: Pending,
+}
+
+/// Runs one tier until shutdown (or a write Kafka refuses).
+pub(crate) async fn run(
+    stage: Arc<Stage>,
+    tier: Tier,
+    metrics: TierMetrics,
+    ready: Arc<AtomicBool>,
+    shutdown: Shutdown,
+) -> anyhow::Result<()> {
+    let config = stage.config.clone();
+    let context = TierContext {
+        tier: tier.name.clone(),
+        changes: Mutex::new(Vec::new()),
+        changed: Notify::new(),
+    };
+    let consumer: StreamConsumer<TierContext> =
+        consumer_config(&config, &format!("retry.{}", tier.name))
+            .create_with_context(context)
+            .with_context(|| format!("creating the consumer of tier {}", tier.name))?;
+    consumer
+        .subscribe(&[&tier.topic])
+        .with_context(|| format!("subscribing to {}", tier.topic))?;
+    tracing::info!(tier = %tier.name, topic = %tier.topic, "retry tier started");
+
+    let mut worker = Worker {
+        stage,
+        tier: Arc::new(tier),
+        metrics,
+        consumer,
+        cap: config.dispatcher.max_in_flight_per_partition.max(1),
+        parts: HashMap::new(),
+        next_generation: 0,
+        tasks: JoinSet::new(),
+        cutoff: watch::channel(false).0,
+        ready,
+    };
+    let result = worker.run(shutdown, config.dispatcher.shutdown_grace).await;
+    worker.tasks.shutdown().await;
+    worker.metrics.waiting.set(0);
+    worker.metrics.inflight.set(0);
+    worker.metrics.paused.set(0);
+    let tier = worker.tier.name.clone();
+    let consumer = worker.consumer;
+    // A sync commit and the consumer's close block their thread: not on the async runtime.
+    let tier_name = tier.clone();
+    let closed = tokio::task::spawn_blocking(move || {
+        match consumer.commit_consumer_state(CommitMode::Sync) {
+            Ok(()) => {}
+            Err(KafkaError::ConsumerCommit(rdkafka::types::RDKafkaErrorCode::NoOffset)) => {}
+            Err(e) => tracing::warn!(
+                tier = %tier_name,
+                error = %e,
+                "final offset commit failed; finished records after the last commit will be attempted again"
+            ),
+        }
+        drop(consumer);
+    })
+    .await;
+    if let Err(e) = closed {
+        tracing::warn!(tier = %tier, error = %e, "closing the tier consumer failed");
+    }
+    tracing::info!(tier = %tier, "retry tier stopped");
+    result.with_context(|| format!("retry tier {tier}"))
+}
+
+struct Worker {
+    stage: Arc<Stage>,
+    tier: Arc<Tier>,
+    metrics: TierMetrics,
+    consumer: StreamConsumer<TierContext>,
+    /// Records in flight per partition.
+    cap: usize,
+    parts: HashMap<i32, Part>,
+    next_generation: u64,
+    tasks: JoinSet<Done>,
+    /// Set when the shutdown grace is over: attempts still running are cut short, handed off.
+    cutoff: watch::Sender<bool>,
+    ready: Arc<AtomicBool>,
+}
+
+impl Worker {
+    async fn run(&mut self, mut shutdown: Shutdown, grace: Duration) -> anyhow::Result<()> {
+        let mut stop_by: Option<Instant> = None;
+        loop {
+            if stop_by.is_none() {
+                self.start_due();
+            }
+            self.update_gauges();
+            if let Some(deadline) = stop_by {
+                if self.tasks.is_empty() {
+                    return Ok(());
+                }
+                if Instant::now() >= deadline {
+                    if *self.cutoff.borrow() {
+                        tracing::warn!(
+                            tier = %self.tier.name,
+                            records = self.tasks.len(),
+                            "hand-offs not acknowledged in time; these records are attempted again after the restart"
+                        );
+                        return Ok(());
+                    }
+                    tracing::warn!(
+                        tier = %self.tier.name,
+                        records = self.tasks.len(),
+                        "shutdown grace is over; attempts still running are cut short and handed off"
+                    );
+                    self.cutoff.send_replace(true);
+                    stop_by = Some(Instant::now() + HANDOFF_DRAIN);
+                }
+            }
+            let wake_at = self.next_wake(stop_by);
+            let wake = tokio::select! {
+                biased;
+                _ = shutdown.wait(), if stop_by.is_none() => Wake::Stop,
+                Some(finished) = self.tasks.join_next(), if !self.tasks.is_empty() => {
+                    Wake::Finished(finished)
+                }
+                _ = tokio::time::sleep_until(wake_at) => Wake::Recheck,
+                () = self.consumer.context().changed.notified() => Wake::Recheck,
+                received = self.consumer.recv() => Wake::Received(received.map(|m| {
+                    let (due_ms, pending) = Pending::from_message(&m);
+                    Box::new(Received {
+                        partition: m.partition(),
+                        offset: m.offset(),
+                        due_ms,
+                        pending,
+                    })
+                })),
+            };
+            // Callbacks ran inside `recv()`: apply them before acting on anything.
+            self.apply_rebalances();
+            match wake {
+                Wake::Stop => {
+                    stop_by = Some(Instant::now() + grace);
+                    self.stop_fetching();
+                }
+                Wake::Finished(Ok(done)) => self.finish(done)?,
+                Wake::Finished(Err(e)) if e.is_cancelled() => {}
+                Wake::Finished(Err(e)) => anyhow::bail!("a record task panicked: {e}"),
+                Wake::Recheck => {}
+                Wake::Received(Ok(received)) => {
+                    if stop_by.is_some() {
+                        continue;
+                    }
+                    let Received {
+                        partition,
+                        offset,
+                        due_ms,
+                        pending,
+                    } = *received;
+                    match self.parts.get_mut(&partition) {
+                        Some(part) => part.waiting.push(offset, due_ms, pending),
+                        None => tracing::debug!(
+                            tier = %self.tier.name,
+                            partition,
+                            offset,
+                            "record of a partition not owned any more, ignored"
+                        ),
+                    }
+                }
+                Wake::Received(Err(e)) => {
+                    tracing::warn!(tier = %self.tier.name, error = %e, "consumer error");
+                }
+            }
+        }
+    }
+
+    /// Starts every due record (up to the cap) and pauses or resumes partitions as needed.
+    fn start_due(&mut self) {
+        let now = now_ms();
+        let mut pause = TopicPartitionList::new();
+        let mut resume = TopicPartitionList::new();
+        for (&partition, part) in &mut self.parts {
+            for (offset, pending) in part.waiting.take_due(now, self.cap) {
+                let stage = self.stage.clone();
+                let tier = self.tier.clone();
+                let metrics = self.metrics.clone();
+                let generation = part.generation;
+                let cutoff = self.cutoff.subscribe();
+                self.tasks.spawn(async move {
+                    let source = Source {
+                        topic: &tier.topic,
+                        partition,
+                        offset,
+                    };
+                    let result = attempt::process(&stage, &metrics, source, pending, cutoff).await;
+                    Done {
+                        partition,
+                        generation,
+                        offset,
+                        result,
+                    }
+                });
+            }
+            match part.waiting.pause_change(now, self.cap) {
+                Some(true) => {
+                    pause.add_partition(&self.tier.topic, partition);
+                }
+                Some(false) => {
+                    resume.add_partition(&self.tier.topic, partition);
+                }
+                None => {}
+            }
+        }
+        if pause.count() > 0 {
+            if let Err(e) = self.consumer.pause(&pause) {
+                tracing::warn!(tier = %self.tier.name, error = %e, "pausing partitions failed");
+            }
+        }
+        if resume.count() > 0 {
+            if let Err(e) = self.consumer.resume(&resume) {
+                tracing::warn!(tier = %self.tier.name, error = %e, "resuming partitions failed");
+            }
+        }
+    }
+
+    /// A record task finished: store the offset when the completed prefix advanced.
+    fn finish(&mut self, done: Done) -> anyhow::Result<()> {
+        let Done {
+            partition,
+            generation,
+            offset,
+            result,
+        } = done;
+        result.with_context(|| format!("record {partition}@{offset}"))?;
+        let Some(part) = self.parts.get_mut(&partition) else {
+            return Ok(());
+        };
+        if part.generation != generation {
+            return Ok(());
+        }
+        if let Some(next) = part.waiting.complete(offset) {
+            let mut tpl = TopicPartitionList::new();
+            tpl.add_partition_offset(&self.tier.topic, partition, Offset::Offset(next))
+                .context("building an offset list")?;
+            if let Err(e) = self.consumer.store_offsets(&tpl) {
+                // Revoked meanwhile: the new owner resumes from the committed offset.
+                tracing::debug!(tier = %self.tier.name, partition, offset, error = %e, "offset not stored");
+            }
+        }
+        Ok(())
+    }
+
+    fn apply_rebalances(&mut self) {
+        for change in self.consumer.context().take() {
+            match change {
+                Rebalanced::Assigned(list) => {
+                    for &partition in &list {
+                        // An incremental assign lists new partitions only. Were an owned one
+                        // listed again, its held records must stay: librdkafka's position is
+                        // already past them.
+                        if self.parts.contains_key(&partition) {
+                            continue;
+                        }
+                        self.next_generation += 1;
+                        self.parts.insert(
+                            partition,
+                            Part {
+                                generation: self.next_generation,
+                                waiting: PartitionWaiting::new(LOOKAHEAD_MS),
+                            },
+                        );
+                    }
+                    tracing::info!(tier = %self.tier.name, partitions = ?list, "partitions assigned");
+                    self.ready.store(true, Ordering::Relaxed);
+                }
+                Rebalanced::Revoked(list) => {
+                    for &partition in &list {
+                        if let Some(part) = self.parts.remove(&partition) {
+                            tracing::info!(
+                                tier = %self.tier.name,
+                                partition,
+                                waiting = part.waiting.waiting(),
+                                in_flight = part.waiting.in_flight(),
+                                "partition revoked; its unfinished records are left to the new owner"
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Shutdown: pause every partition, forget records not started (their offsets were never
+    /// stored), let the in-flight ones finish.
+    fn stop_fetching(&mut self) {
+        let mut all = TopicPartitionList::new();
+        let mut dropped = 0;
+        for (&partition, part) in &mut self.parts {
+            dropped += part.waiting.drop_waiting();
+            part.waiting.set_paused();
+            all.add_partition(&self.tier.topic, partition);
+        }
+        if all.count() > 0 {
+            if let Err(e) = self.consumer.pause(&all) {
+                tracing::debug!(tier = %self.tier.name, error = %e, "pausing for shutdown failed");
+            }
+        }
+        tracing::info!(
+            tier = %self.tier.name,
+            in_flight = self.tasks.len(),
+            not_started = dropped,
+            "retry tier stopping: finishing in-flight records"
+        );
+    }
+
+    /// The earliest of: a partition's next wake (resume ahead of its head, or its head's due
+    /// time), the shutdown deadline, the next tick.
+    fn next_wake(&self, stop_by: Option<Instant>) -> Instant {
+        let now = Instant::now();
+        let mut wake = now + TICK;
+        if let Some(deadline) = stop_by {
+            return wake.min(deadline);
+        }
+        let now_ms = now_ms();
+        for part in self.parts.values() {
+            if let Some(at) = part.waiting.next_wake(now_ms) {
+                let delay = Duration::from_millis(u64::try_from(at - now_ms).unwrap_or(0));
+                wake = wake.min(now + delay);
+            }
+        }
+        wake
+    }
+
+    fn update_gauges(&self) {
+        let (mut waiting, mut paused) = (0, 0);
+        for part in self.parts.values() {
+            waiting += part.waiting.waiting();
+            paused += usize::from(part.waiting.is_paused());
+        }
+        self.metrics.waiting.set(waiting as i64);
+        self.metrics.inflight.set(self.tasks.len() as i64);
+        self.metrics.paused.set(paused as i64);
+    }
+}
