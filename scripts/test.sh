@@ -52,6 +52,16 @@ else
 fi
 
 echo "--- cargo test (unit + integration against Kafka at $bootstrap)"
-HOOKLINE_TEST_KAFKA=$bootstrap cargo test --workspace -- --test-threads="${HOOKLINE_TEST_THREADS:-4}"
-
-echo "--- test suite passed in $(( $(date +%s) - t0 ))s"
+log=$(mktemp "${TMPDIR:-/tmp}/hookline-test.XXXXXX")
+status=0
+HOOKLINE_TEST_KAFKA=$bootstrap cargo test --workspace --all-targets -- \
+  --test-threads="${HOOKLINE_TEST_THREADS:-4}" 2>&1 | tee "$log" || status=$?
+passed=$(grep -Eo '^test result: .* ([0-9]+) passed' "$log" | grep -Eo '[0-9]+ passed' | awk '{s+=$1} END {print s+0}')
+failed=$(grep -Eo '^test result: .* ([0-9]+) failed' "$log" | grep -Eo '[0-9]+ failed' | awk '{s+=$1} END {print s+0}')
+rm -f "$log"
+echo "--- test suite finished in $(( $(date +%s) - t0 ))s"
+# The whole suite's count, on the last line.
+echo "hookline: $passed passed, $failed failed"
+if [[ $status != 0 || $failed != 0 || $passed == 0 ]]; then
+  exit 1
+fi
