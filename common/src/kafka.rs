@@ -7,10 +7,13 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use std::sync::Arc;
+
 use anyhow::{bail, Context as _};
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, ResourceSpecifier, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::config::ClientConfig;
+use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::RDKafkaErrorCode;
 
 use crate::config::Config;
@@ -113,6 +116,11 @@ pub async fn apply_topics(config: &Config, timeout: Duration) -> anyhow::Result<
         }
     }
 
+    // CreateTopics returns before every broker's metadata shows the topic: wait until it does,
+    // so a stage started right after `topics apply` finds its topics.
+    if !report.created.is_empty() {
+        require_topics(config, report.created.clone(), timeout).await?;
+    }
     let existing = existing_topics(&admin, timeout)?;
     let to_describe: Vec<&TopicSpec> = specs
         .iter()
@@ -167,4 +175,58 @@ fn existing_topics(
             (t.name().to_string(), (t.partitions().len() as i32, rf))
         })
         .collect())
+}
+
+/// How long a stage waits at startup for its topics (a `topics apply` just before it, or
+/// partitions without a leader yet) before failing.
+pub const TOPICS_WAIT: Duration = Duration::from_secs(15);
+
+/// Waits until every topic in `names` exists with partitions, for at most `wait`; returns their
+/// partition counts. Fails with a message telling the operator to run `hookline topics apply`.
+pub async fn require_topics(
+    config: &Config,
+    names: Vec<String>,
+    wait: Duration,
+) -> anyhow::Result<BTreeMap<String, i32>> {
+    let client: Arc<BaseConsumer> = Arc::new(
+        base_config(config)
+            .create()
+            .context("creating a Kafka metadata client")?,
+    );
+    let started = tokio::time::Instant::now();
+    loop {
+        let c = client.clone();
+        // A metadata request blocks: keep it off the async workers.
+        let existing = tokio::task::spawn_blocking(move || {
+            c.fetch_metadata(None, Duration::from_secs(10)).map(|md| {
+                md.topics()
+                    .iter()
+                    .filter(|t| !t.partitions().is_empty())
+                    .map(|t| (t.name().to_string(), t.partitions().len() as i32))
+                    .collect::<BTreeMap<String, i32>>()
+            })
+        })
+        .await
+        .context("metadata task")?
+        .context("fetching cluster metadata (is Kafka reachable at kafka.bootstrap_servers?)")?;
+        let missing: Vec<&str> = names
+            .iter()
+            .filter(|n| !existing.contains_key(*n))
+            .map(String::as_str)
+            .collect();
+        if missing.is_empty() {
+            return Ok(existing
+                .into_iter()
+                .filter(|(n, _)| names.contains(n))
+                .collect());
+        }
+        if started.elapsed() >= wait {
+            bail!(
+                "topic(s) {} do not exist: run `hookline topics apply` first",
+                missing.join(", ")
+            );
+        }
+        tracing::debug!(missing = ?missing, "waiting for topics to appear");
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
 }

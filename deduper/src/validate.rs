@@ -54,7 +54,8 @@ pub async fn run(
     let dedupe_topic = topics.dedupe();
     let invalid_topic = topics.invalid();
     let events_topic = topics.events();
-    let partitions = check_partitions(&consumer, &dedupe_topic, config.topics.partitions)?;
+    let partitions =
+        check_partitions(&config, &[&events_topic, &dedupe_topic, &invalid_topic]).await?;
     consumer
         .subscribe(&[&events_topic])
         .with_context(|| format!("subscribing to {events_topic}"))?;
@@ -198,28 +199,22 @@ fn finish(
     }
 }
 
-/// Reads the partition count of `<p>.dedupe` and insists it matches the config: key placement
-/// depends on it.
-fn check_partitions(
-    consumer: &StreamConsumer,
-    topic: &str,
-    configured: i32,
-) -> anyhow::Result<i32> {
-    let md = consumer
-        .fetch_metadata(Some(topic), Duration::from_secs(10))
-        .with_context(|| format!("fetching metadata of {topic} (is Kafka reachable?)"))?;
-    let actual = md
-        .topics()
-        .iter()
-        .find(|t| t.name() == topic)
-        .map(|t| t.partitions().len() as i32)
-        .unwrap_or(0);
-    if actual == 0 {
-        bail!("topic {topic} does not exist: run `hookline topics apply` first");
-    }
+/// Waits for the stage's topics and insists `<p>.dedupe` has `topics.partitions` partitions: key
+/// placement depends on it.
+async fn check_partitions(config: &Config, names: &[&str]) -> anyhow::Result<i32> {
+    let names: Vec<String> = names.iter().map(|n| n.to_string()).collect();
+    let found = hookline_common::kafka::require_topics(
+        config,
+        names.clone(),
+        hookline_common::kafka::TOPICS_WAIT,
+    )
+    .await?;
+    let dedupe = &names[1];
+    let actual = found.get(dedupe).copied().unwrap_or(0);
+    let configured = config.topics.partitions;
     if actual != configured {
         bail!(
-            "topic {topic} has {actual} partitions but topics.partitions = {configured}; \
+            "topic {dedupe} has {actual} partitions but topics.partitions = {configured}; \
              dedupe keys are placed by partition count, so they must agree"
         );
     }

@@ -137,7 +137,14 @@ pub async fn run(
         Some(offset) => topics.retry(*offset),
         None => topics.dlq(),
     };
-    require_topics(&consumer, &[&dispatch_topic, &first_hop])?;
+    // Hand-offs to a missing tier would be auto-created with broker defaults or fail every
+    // delivery: insist on the topics first.
+    hookline_common::kafka::require_topics(
+        &config,
+        vec![dispatch_topic.clone(), first_hop.clone()],
+        hookline_common::kafka::TOPICS_WAIT,
+    )
+    .await?;
     consumer
         .subscribe(&[&dispatch_topic])
         .with_context(|| format!("subscribing to {dispatch_topic}"))?;
@@ -331,27 +338,6 @@ async fn close(dispatcher: Arc<Dispatcher>, flush: bool) {
 
 fn is_no_offset(e: &KafkaError) -> bool {
     matches!(e, KafkaError::ConsumerCommit(RDKafkaErrorCode::NoOffset))
-}
-
-/// Fails unless every topic exists: hand-offs to a missing tier would otherwise be auto-created
-/// with the broker's defaults, or fail every delivery.
-fn require_topics(
-    consumer: &StreamConsumer<DispatchContext>,
-    names: &[&str],
-) -> anyhow::Result<()> {
-    for name in names {
-        let md = consumer
-            .fetch_metadata(Some(name), Duration::from_secs(10))
-            .with_context(|| format!("fetching metadata of {name} (is Kafka reachable?)"))?;
-        let exists = md
-            .topics()
-            .iter()
-            .any(|t| t.name() == *name && !t.partitions().is_empty());
-        if !exists {
-            bail!("topic {name} does not exist: run `hookline topics apply` first");
-        }
-    }
-    Ok(())
 }
 
 /// Everything a delivery task needs, shared by the loop and the tasks.

@@ -30,13 +30,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{bail, Context as _};
-use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::producer::{FutureProducer, Producer};
 use rdkafka::util::Timeout;
 use tokio::task::JoinSet;
 
 use hookline_common::config::{tier_name, Config};
-use hookline_common::kafka::{base_config, producer_config};
+use hookline_common::kafka::producer_config;
 use hookline_common::ops::Readiness;
 use hookline_common::shutdown::{self, Shutdown};
 use hookline_common::topics::Topics;
@@ -68,7 +67,8 @@ pub async fn run(
     }
     let mut needed: Vec<String> = selected.iter().map(|t| t.topic.clone()).collect();
     needed.extend([topics.dlq(), topics.invalid()]);
-    require_topics(&config, needed).await?;
+    hookline_common::kafka::require_topics(&config, needed, hookline_common::kafka::TOPICS_WAIT)
+        .await?;
 
     let metrics = Metrics::register(&registry).context("registering retry tier metrics")?;
     // The engine counts its attempts in `hookline_dispatcher_*`; the dispatcher registers those
@@ -171,52 +171,6 @@ fn select_tiers(config: &Config, names: Option<&[String]>) -> anyhow::Result<Vec
         .into_iter()
         .filter(|t| wanted.contains(t.name.as_str()))
         .collect())
-}
-
-/// How long startup waits for the topics the tiers need (a `topics apply` just before, a topic
-/// whose partitions have no leader yet) before failing.
-const TOPICS_WAIT: Duration = Duration::from_secs(15);
-
-/// Fails with a clear message when a topic the tiers need does not exist (after [`TOPICS_WAIT`]).
-async fn require_topics(config: &Config, names: Vec<String>) -> anyhow::Result<()> {
-    let client: Arc<BaseConsumer> = Arc::new(
-        base_config(config)
-            .create()
-            .context("creating a Kafka metadata client")?,
-    );
-    let started = tokio::time::Instant::now();
-    loop {
-        let c = client.clone();
-        // A metadata request blocks: not on the async runtime.
-        let existing = tokio::task::spawn_blocking(move || {
-            c.fetch_metadata(None, Duration::from_secs(10)).map(|md| {
-                md.topics()
-                    .iter()
-                    .filter(|t| !t.partitions().is_empty())
-                    .map(|t| t.name().to_string())
-                    .collect::<BTreeSet<String>>()
-            })
-        })
-        .await
-        .context("metadata task")?
-        .context("fetching cluster metadata (is Kafka reachable at kafka.bootstrap_servers?)")?;
-        let missing: Vec<&str> = names
-            .iter()
-            .filter(|n| !existing.contains(*n))
-            .map(String::as_str)
-            .collect();
-        if missing.is_empty() {
-            return Ok(());
-        }
-        if started.elapsed() >= TOPICS_WAIT {
-            bail!(
-                "topic(s) {} do not exist: run `hookline topics apply` first",
-                missing.join(", ")
-            );
-        }
-        tracing::debug!(missing = ?missing, "waiting for topics to appear");
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
 }
 
 #[cfg(test)]
