@@ -58,7 +58,7 @@ use tokio::task::JoinSet;
 use tracing::{debug, info, warn};
 
 use hookline_common::config::{Config, EndpointConfig};
-use hookline_common::delivery::{now_ms, DeliveryMeta};
+use hookline_common::delivery::DeliveryMeta;
 use hookline_common::headers as h;
 use hookline_common::kafka::{consumer_config, producer_config};
 use hookline_common::progress::Progress;
@@ -538,33 +538,15 @@ impl Dispatcher {
 
     /// Attempt 1, cut short (and reported as a timeout) if the shutdown grace runs out first.
     async fn first_attempt(&self, event: &Event, endpoint: &EndpointConfig) -> AttemptOutcome {
-        let started_at_ms = now_ms();
-        let start = Instant::now();
-        let mut cutoff = self.cutoff.clone();
-        let cut = async move {
-            if cutoff.wait_for(|cut| *cut).await.is_err() {
-                std::future::pending::<()>().await;
-            }
-        };
-        tokio::select! {
-            outcome = self.engine.deliver(endpoint, &event.id, event.body.clone(), 1) => outcome,
-            () = cut => {
-                let duration = start.elapsed();
-                AttemptOutcome {
-                    attempt: 1,
-                    started_at_ms,
-                    duration,
-                    result: AttemptResult::Failed {
-                        class: FailureClass::Timeout,
-                        status: None,
-                        snippet: format!(
-                            "attempt interrupted by shutdown after {} ms",
-                            duration.as_millis()
-                        ),
-                    },
-                }
-            }
-        }
+        self.engine
+            .deliver_or_cut(
+                endpoint,
+                &event.id,
+                event.body.clone(),
+                1,
+                self.cutoff.clone(),
+            )
+            .await
     }
 
     /// Produces the delivery record of a failed attempt 1 to its next hop and waits for the

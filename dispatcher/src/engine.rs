@@ -19,7 +19,7 @@ use hookline_common::config::{EndpointConfig, HttpConfig};
 use hookline_common::secret::decode_secret;
 use prometheus::Registry;
 use reqwest::header::{HeaderMap, HeaderName, HeaderValue, CONTENT_TYPE};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
 use tracing::{debug, warn};
 use url::Url;
 
@@ -188,6 +188,46 @@ impl Engine {
                 metrics,
             }),
         })
+    }
+
+    /// [`Engine::deliver`], unless `cutoff` turns true first (a graceful stop whose grace ran
+    /// out): then the attempt is abandoned and reported as a `timeout` failure, so the caller
+    /// hands it off like any failed attempt.
+    pub async fn deliver_or_cut(
+        &self,
+        endpoint: &EndpointConfig,
+        event_id: &str,
+        body: Bytes,
+        attempt: u32,
+        mut cutoff: watch::Receiver<bool>,
+    ) -> AttemptOutcome {
+        let started_at_ms = unix_ms_now();
+        let start = Instant::now();
+        let cut = async move {
+            if cutoff.wait_for(|cut| *cut).await.is_err() {
+                // The sender is gone without cutting: never fires.
+                std::future::pending::<()>().await;
+            }
+        };
+        tokio::select! {
+            outcome = self.deliver(endpoint, event_id, body, attempt) => outcome,
+            () = cut => {
+                let duration = start.elapsed();
+                AttemptOutcome {
+                    attempt,
+                    started_at_ms,
+                    duration,
+                    result: AttemptResult::Failed {
+                        class: FailureClass::Timeout,
+                        status: None,
+                        snippet: format!(
+                            "attempt interrupted by shutdown after {} ms",
+                            duration.as_millis()
+                        ),
+                    },
+                }
+            }
+        }
     }
 
     /// Makes one delivery attempt of `body` (sent unchanged) for event `event_id` to `endpoint`.

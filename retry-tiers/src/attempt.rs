@@ -10,8 +10,6 @@
 
 use std::sync::Arc;
 
-use std::time::Instant;
-
 use anyhow::Context as _;
 use bytes::Bytes;
 use rdkafka::message::{Header, Headers, Message, OwnedHeaders};
@@ -20,12 +18,12 @@ use rdkafka::util::Timeout;
 use tokio::sync::watch;
 
 use hookline_common::config::Config;
-use hookline_common::delivery::{now_ms, DeadReason, DeliveryMeta};
+use hookline_common::delivery::{DeadReason, DeliveryMeta};
 use hookline_common::headers as h;
 use hookline_common::topics::Topics;
 use hookline_dispatcher::fanout::Endpoints;
 use hookline_dispatcher::handoff::{self, Hop};
-use hookline_dispatcher::{AttemptOutcome, AttemptResult, Engine, FailureClass};
+use hookline_dispatcher::Engine;
 
 use crate::metrics::TierMetrics;
 
@@ -151,15 +149,10 @@ pub(crate) async fn process(
     };
 
     let attempt = meta.attempt;
-    let outcome = deliver_or_cut(
-        stage,
-        &endpoint,
-        &meta.event_id,
-        value.clone(),
-        attempt,
-        cutoff,
-    )
-    .await;
+    let outcome = stage
+        .engine
+        .deliver_or_cut(&endpoint, &meta.event_id, value.clone(), attempt, cutoff)
+        .await;
     metrics.emit_attempt(&meta, &outcome);
     if outcome.result.is_delivered() {
         metrics.emit_delivered(&meta, attempt);
@@ -183,44 +176,6 @@ pub(crate) async fn process(
         }
     }
     Ok(())
-}
-
-/// The attempt, unless the shutdown cutoff comes first: then a `timeout` failure.
-async fn deliver_or_cut(
-    stage: &Stage,
-    endpoint: &hookline_common::config::EndpointConfig,
-    event_id: &str,
-    body: Bytes,
-    attempt: u32,
-    mut cutoff: watch::Receiver<bool>,
-) -> AttemptOutcome {
-    let started_at_ms = now_ms();
-    let start = Instant::now();
-    let cut = async move {
-        if cutoff.wait_for(|cut| *cut).await.is_err() {
-            // The worker is gone without cutting: never fires.
-            std::future::pending::<()>().await;
-        }
-    };
-    tokio::select! {
-        outcome = stage.engine.deliver(endpoint, event_id, body, attempt) => outcome,
-        () = cut => {
-            let duration = start.elapsed();
-            AttemptOutcome {
-                attempt,
-                started_at_ms,
-                duration,
-                result: AttemptResult::Failed {
-                    class: FailureClass::Timeout,
-                    status: None,
-                    snippet: format!(
-                        "attempt interrupted by shutdown after {} ms",
-                        duration.as_millis()
-                    ),
-                },
-            }
-        }
-    }
 }
 
 /// The parked record's headers: its own (minus any quarantine headers it carried) plus the

@@ -238,13 +238,16 @@ impl Drop for Running {
     }
 }
 
-/// Starts the deduper stages in-process.
-pub fn start_deduper(config: &Config) -> Running {
+/// Starts a stage's `run(config, registry, readiness, shutdown)` in-process.
+pub fn start_stage<F, Fut>(config: &Config, run: F) -> Running
+where
+    F: FnOnce(Arc<Config>, prometheus::Registry, Readiness, shutdown::Shutdown) -> Fut,
+    Fut: std::future::Future<Output = anyhow::Result<()>> + Send + 'static,
+{
     let (trigger, shutdown) = shutdown::channel();
     let registry = prometheus::Registry::new();
-    let config = Arc::new(config.clone());
-    let handle = tokio::spawn(hookline_deduper::run(
-        config,
+    let handle = tokio::spawn(run(
+        Arc::new(config.clone()),
         registry.clone(),
         Readiness::default(),
         shutdown,
@@ -254,6 +257,11 @@ pub fn start_deduper(config: &Config) -> Running {
         handle: Some(handle),
         registry,
     }
+}
+
+/// Starts the deduper stages in-process.
+pub fn start_deduper(config: &Config) -> Running {
+    start_stage(config, hookline_deduper::run)
 }
 
 /// Value of a counter (summed over labels matching `label`) in a registry.
@@ -277,18 +285,5 @@ pub fn counter(registry: &prometheus::Registry, name: &str, label: Option<(&str,
 /// Starts the dispatcher stage in-process.
 #[allow(dead_code)]
 pub fn start_dispatcher(config: &Config) -> Running {
-    let (trigger, shutdown) = shutdown::channel();
-    let registry = prometheus::Registry::new();
-    let config = Arc::new(config.clone());
-    let handle = tokio::spawn(hookline_dispatcher::run(
-        config,
-        registry.clone(),
-        Readiness::default(),
-        shutdown,
-    ));
-    Running {
-        trigger,
-        handle: Some(handle),
-        registry,
-    }
+    start_stage(config, hookline_dispatcher::run)
 }
