@@ -230,3 +230,30 @@ pub async fn require_topics(
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
 }
+
+#[cfg(test)]
+mod tests {
+    /// Managed Kafka needs TLS and SASL PLAIN/SCRAM (and often OAUTHBEARER/OIDC): the linked
+    /// librdkafka must have them built in, not just accept the option names.
+    #[test]
+    fn librdkafka_has_tls_and_sasl_built_in() {
+        let native = rdkafka::config::ClientConfig::new()
+            .create_native_config()
+            .expect("native config");
+        let features = native.get("builtin.features").expect("builtin.features");
+        for wanted in [
+            "ssl",
+            "sasl_plain",
+            "sasl_scram",
+            "sasl_oauthbearer",
+            "oidc",
+            "zstd",
+            "lz4",
+        ] {
+            assert!(
+                features.split(',').any(|f| f == wanted),
+                "librdkafka lacks `{wanted}`: {features}"
+            );
+        }
+    }
+}
