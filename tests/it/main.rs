@@ -4,6 +4,7 @@
 mod dedupe;
 mod dispatcher;
 mod harness;
+mod pipeline;
 mod receiver;
 mod retry;
 mod topics;
