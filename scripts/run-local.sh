@@ -1,15 +1,70 @@
 #!/usr/bin/env bash
-# Runs hookline locally (`make run`): a local Kafka broker, the topics, and every stage in one
-# process with config/local.toml. Ctrl-C stops hookline gracefully; the broker keeps running
-# (`deploy/local/kafka stop` stops it).
+# Runs hookline locally (`make run`): a local Kafka broker, the topics, every stage in one process
+# with config/local.toml, a reference webhook receiver (`hookline receiver`, log in
+# target/demo-receiver.log) and a demo producer. Ctrl-C stops hookline and the receiver
+# gracefully; the broker keeps running (`deploy/local/kafka stop` stops it).
+# HOOKLINE_DEMO=0: only the pipeline, in the foreground (no receiver, no demo events).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 config=${HOOKLINE_CONFIG:-config/local.toml}
+demo=${HOOKLINE_DEMO:-1}
+# Not a configuration override: keep it away from hookline's `HOOKLINE_…` env parsing.
+unset HOOKLINE_DEMO
 
 deploy/local/kafka start
 cargo build --release --bin hookline
 bin=target/release/hookline
 "$bin" --config "$config" config check "$config"
 "$bin" --config "$config" topics apply
-echo "--- hookline running (ops: http://127.0.0.1:9464/metrics); produce JSON events to webhooks.events"
-exec "$bin" --config "$config" run all
+
+if [ "$demo" = "0" ]; then
+    echo "--- hookline running (ops: http://127.0.0.1:9464/metrics); produce JSON events to webhooks.events"
+    exec "$bin" --config "$config" run all
+fi
+
+# The receiver's secret is the one of the `demo` endpoint in config/local.toml.
+secret=whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw
+receiver_log=target/demo-receiver.log
+receiver_pid=
+pipeline_pid=
+stop() {
+    trap - INT TERM
+    echo "--- stopping hookline and the receiver"
+    for pid in $pipeline_pid $receiver_pid; do
+        kill -TERM "$pid" 2>/dev/null || true
+    done
+}
+trap stop INT TERM
+
+"$bin" receiver --listen 127.0.0.1:8080 --secret "$secret" --fail-every 5 >"$receiver_log" 2>&1 &
+receiver_pid=$!
+sleep 1
+if ! kill -0 "$receiver_pid" 2>/dev/null; then
+    cat "$receiver_log" >&2
+    echo "the receiver did not start (is 127.0.0.1:8080 taken?)" >&2
+    exit 1
+fi
+echo "--- receiver on 127.0.0.1:8080 (answers 503 to every 5th fresh request); log: $receiver_log"
+"$bin" --config "$config" run all &
+pipeline_pid=$!
+
+"$bin" --config "$config" demo produce --count 50 --duplicate-rate 0.3 --rate 10 || true
+
+cat <<EOF
+--- the demo is running
+  receiver log:     tail -f $receiver_log   (fresh deliveries, duplicates, 503s then retries)
+  metrics:          http://127.0.0.1:9464/metrics
+  more events:      $bin --config $config demo produce [--count 100 --duplicate-rate 0.3 --rate 20]
+  dead letters:     $bin --config $config dead list
+  Ctrl-C stops hookline and the receiver; the broker keeps running (deploy/local/kafka stop).
+EOF
+
+# `wait` returns early when a trapped signal arrives; wait again until both have exited.
+status=0
+while kill -0 "$pipeline_pid" 2>/dev/null; do
+    status=0
+    wait "$pipeline_pid" || status=$?
+done
+kill -TERM "$receiver_pid" 2>/dev/null || true
+wait "$receiver_pid" 2>/dev/null || true
+exit "$status"

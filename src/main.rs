@@ -13,6 +13,8 @@ use hookline_common::config::Config;
 use hookline_common::ops::{self, Readiness};
 use hookline_common::{kafka, shutdown, telemetry, topics};
 
+mod demo;
+
 #[derive(Parser)]
 #[command(
     name = "hookline",
@@ -59,6 +61,13 @@ enum Command {
     Topics {
         #[command(subcommand)]
         command: TopicsCommand,
+    },
+    /// A reference webhook receiver (verifies signatures, dedupes by `webhook-id`); no config.
+    Receiver(demo::ReceiverArgs),
+    /// The demo: produce demo events to `<p>.events`.
+    Demo {
+        #[command(subcommand)]
+        command: demo::DemoCommand,
     },
 }
 
@@ -115,6 +124,7 @@ fn main() -> ExitCode {
                 ExitCode::from(2)
             }
         },
+        Command::Receiver(args) => demo::receiver_main(args),
         command => {
             let config = match Config::load(&cli.config) {
                 Ok(c) => Arc::new(c),
@@ -197,7 +207,10 @@ async fn run_command(command: Command, config: Arc<Config>) -> anyhow::Result<Ex
         Command::Dead { command } => hookline_retry_tiers::cli::dead(config, command)
             .await
             .map(|()| ExitCode::SUCCESS),
-        Command::Config { .. } => unreachable!("handled before the runtime starts"),
+        Command::Demo { command } => demo::run(command, config).await.map(|()| ExitCode::SUCCESS),
+        Command::Config { .. } | Command::Receiver(_) => {
+            unreachable!("handled before the runtime starts")
+        }
     }
 }
 

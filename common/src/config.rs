@@ -673,9 +673,11 @@ pub fn tier_name(offset: Duration) -> String {
     }
 }
 
-/// `HOOKLINE_…` variables that are not config overrides: the config path and the test harness's.
+/// `HOOKLINE_…` variables that are not config overrides: the config path, the demo switch of
+/// `make run`, and the test and benchmark harnesses' settings.
 fn is_reserved_env(key: &str) -> bool {
     key == "HOOKLINE_CONFIG"
+        || key == "HOOKLINE_DEMO"
         || key.starts_with("HOOKLINE_TEST_")
         || key.starts_with("HOOKLINE_BENCH_")
 }
