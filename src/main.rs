@@ -233,36 +233,32 @@ async fn run_stages(stage: Stage, tiers: Vec<String>, config: Arc<Config>) -> an
     )
     .await?;
 
-    let mut tasks = tokio::task::JoinSet::new();
-    if matches!(stage, Stage::Deduper | Stage::All) {
-        let (c, r, rd, s) = (
+    // What every stage's `run` takes.
+    let ctx = || {
+        (
             config.clone(),
             registry.clone(),
             readiness.clone(),
             shutdown.clone(),
-        );
+        )
+    };
+    let mut tasks = tokio::task::JoinSet::new();
+    if matches!(stage, Stage::Deduper | Stage::All) {
+        let (c, r, rd, s) = ctx();
         tasks.spawn(async move { ("deduper", hookline_deduper::run(c, r, rd, s).await) });
     }
     if matches!(stage, Stage::Dispatcher | Stage::All) {
-        let (c, r, rd, s) = (
-            config.clone(),
-            registry.clone(),
-            readiness.clone(),
-            shutdown.clone(),
-        );
+        let (c, r, rd, s) = ctx();
         tasks.spawn(async move { ("dispatcher", hookline_dispatcher::run(c, r, rd, s).await) });
     }
     if matches!(stage, Stage::RetryTiers | Stage::RetryTier | Stage::All) {
-        let (c, r, rd, s) = (
-            config.clone(),
-            registry.clone(),
-            readiness.clone(),
-            shutdown.clone(),
-        );
+        let (c, r, rd, s) = ctx();
         let only = (stage == Stage::RetryTier).then_some(tiers);
         tasks.spawn(async move {
-            let result = hookline_retry_tiers::run(c, r, rd, s, only).await;
-            ("retry-tiers", result)
+            (
+                "retry-tiers",
+                hookline_retry_tiers::run(c, r, rd, s, only).await,
+            )
         });
     }
     let mut failed = None;

@@ -106,6 +106,30 @@ pub struct MetaError {
 }
 
 impl DeliveryMeta {
+    /// A new delivery of one event to one endpoint whose first attempt starts at
+    /// `first_attempt_ms`: attempt 1, due then, no history.
+    pub fn new(
+        endpoint_id: &str,
+        event_id: &str,
+        event_type: &str,
+        tenant: Option<&str>,
+        first_attempt_ms: i64,
+    ) -> Self {
+        DeliveryMeta {
+            endpoint_id: endpoint_id.to_string(),
+            event_id: event_id.to_string(),
+            event_type: event_type.to_string(),
+            tenant: tenant.map(str::to_string),
+            attempt: 1,
+            first_attempt_ms,
+            due_ms: first_attempt_ms,
+            history: Vec::new(),
+            dead_reason: None,
+            dead_at_ms: None,
+            replay_key: None,
+        }
+    }
+
     /// Appends an attempt, keeping the first and the most recent ones within [`MAX_HISTORY`] and
     /// each snippet within [`MAX_SNIPPET`] bytes.
     pub fn push_attempt(&mut self, mut a: AttemptRecord) {

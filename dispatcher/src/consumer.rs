@@ -558,19 +558,13 @@ impl Dispatcher {
         outcome: &AttemptOutcome,
         class: FailureClass,
     ) -> anyhow::Result<()> {
-        let mut meta = DeliveryMeta {
-            endpoint_id: endpoint.id.clone(),
-            event_id: event.id.clone(),
-            event_type: event.event_type.clone(),
-            tenant: event.tenant.clone(),
-            attempt: outcome.attempt,
-            first_attempt_ms: outcome.started_at_ms,
-            due_ms: outcome.started_at_ms,
-            history: Vec::new(),
-            dead_reason: None,
-            dead_at_ms: None,
-            replay_key: None,
-        };
+        let mut meta = DeliveryMeta::new(
+            &endpoint.id,
+            &event.id,
+            &event.event_type,
+            event.tenant.as_deref(),
+            outcome.started_at_ms,
+        );
         let (topic, target) =
             match handoff::after_failure(&mut meta, outcome, &self.topics, &self.schedule) {
                 Hop::Retry { topic, .. } => (topic, HandoffTarget::Retry),

@@ -105,19 +105,7 @@ mod tests {
     use crate::engine::FailureClass;
 
     fn meta() -> DeliveryMeta {
-        DeliveryMeta {
-            endpoint_id: "ep".into(),
-            event_id: "e1".into(),
-            event_type: "t".into(),
-            tenant: None,
-            attempt: 1,
-            first_attempt_ms: 1_000_000,
-            due_ms: 1_000_000,
-            history: vec![],
-            dead_reason: None,
-            dead_at_ms: None,
-            replay_key: None,
-        }
+        DeliveryMeta::new("ep", "e1", "t", None, 1_000_000)
     }
 
     fn failed(attempt: u32) -> AttemptOutcome {

@@ -290,22 +290,6 @@ struct Proc {
     child: Child,
 }
 
-fn write_config(prefix: &str, extra: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(prefix);
-    std::fs::create_dir_all(&dir).expect("tmp dir");
-    let path = dir.join("hookline.toml");
-    std::fs::write(
-        &path,
-        format!(
-            "[kafka]\nbootstrap_servers = \"{}\"\n{extra}\n[topics]\nprefix = \"{prefix}\"\npartitions = 3\n\
-             [server]\nlisten = \"127.0.0.1:0\"\n[log]\nlevel = \"info\"\n",
-            bootstrap()
-        ),
-    )
-    .expect("write config");
-    path
-}
-
 fn spawn_deduper(config: &PathBuf, log_name: &str) -> Proc {
     let log = std::fs::File::create(config.with_file_name(log_name)).expect("log file");
     let child = Command::new(env!("CARGO_BIN_EXE_hookline"))

@@ -3,7 +3,6 @@
 
 use std::collections::HashSet;
 use std::io::{BufRead, BufReader};
-use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -13,7 +12,7 @@ use hookline_common::secret::decode_secret;
 use hookline_dispatcher::signing;
 
 use crate::harness::{
-    apply_topics, bootstrap, read_until, require_kafka, test_config, unique_prefix,
+    apply_topics, read_until, require_kafka, test_config, unique_prefix, write_config,
 };
 
 const SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
@@ -158,28 +157,12 @@ async fn receiver_fail_every_answers_503_then_the_retry_succeeds() {
     assert_eq!(post(&r.url, "evt_c", now(), &big, None).await.0, 413);
 }
 
-fn write_config(prefix: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(prefix);
-    std::fs::create_dir_all(&dir).expect("tmp dir");
-    let path = dir.join("hookline.toml");
-    std::fs::write(
-        &path,
-        format!(
-            "[kafka]\nbootstrap_servers = \"{}\"\n[topics]\nprefix = \"{prefix}\"\npartitions = 3\n\
-             [server]\nlisten = \"127.0.0.1:0\"\n",
-            bootstrap()
-        ),
-    )
-    .expect("write config");
-    path
-}
-
 #[tokio::test]
 async fn demo_produce_sends_count_distinct_ids_plus_resent_duplicates() {
     require_kafka();
     let prefix = unique_prefix("demo-produce");
     apply_topics(&test_config(&prefix, "")).await;
-    let path = write_config(&prefix);
+    let path = write_config(&prefix, "");
     let out = hookline()
         .arg("--config")
         .arg(&path)

@@ -287,3 +287,21 @@ pub fn counter(registry: &prometheus::Registry, name: &str, label: Option<(&str,
 pub fn start_dispatcher(config: &Config) -> Running {
     start_stage(config, hookline_dispatcher::run)
 }
+
+/// Writes a config file for a `hookline` child process (3 partitions, ephemeral ops port) in a
+/// temp dir named after the prefix; `kafka_extra` is appended to the `[kafka]` section.
+pub fn write_config(prefix: &str, kafka_extra: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(prefix);
+    std::fs::create_dir_all(&dir).expect("tmp dir");
+    let path = dir.join("hookline.toml");
+    std::fs::write(
+        &path,
+        format!(
+            "[kafka]\nbootstrap_servers = \"{}\"\n{kafka_extra}\n[topics]\nprefix = \"{prefix}\"\npartitions = 3\n\
+             [server]\nlisten = \"127.0.0.1:0\"\n[log]\nlevel = \"info\"\n",
+            bootstrap()
+        ),
+    )
+    .expect("write config");
+    path
+}

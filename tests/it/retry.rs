@@ -110,19 +110,13 @@ async fn start_delivery(
         !outcome.result.is_delivered(),
         "attempt 1 of {event_id} must fail to start a retry chain"
     );
-    let mut meta = DeliveryMeta {
-        endpoint_id: endpoint.to_string(),
-        event_id: event_id.to_string(),
-        event_type: "message.created".into(),
-        tenant: Some("acme".into()),
-        attempt: 1,
-        first_attempt_ms: outcome.started_at_ms,
-        due_ms: outcome.started_at_ms,
-        history: Vec::new(),
-        dead_reason: None,
-        dead_at_ms: None,
-        replay_key: None,
-    };
+    let mut meta = DeliveryMeta::new(
+        endpoint,
+        event_id,
+        "message.created",
+        Some("acme"),
+        outcome.started_at_ms,
+    );
     let topics = Topics::new(&config.topics.prefix);
     let Hop::Retry { topic, .. } =
         handoff::after_failure(&mut meta, &outcome, &topics, &config.retry.schedule)
