@@ -15,34 +15,52 @@ use ipnet::IpNet;
 use reqwest::dns::{Addrs, Name, Resolve, Resolving};
 use url::{Host, Url};
 
-/// Ranges no endpoint may reach unless allow-listed.
+/// Ranges no endpoint may reach unless allow-listed: every entry of the IANA IPv4 and IPv6
+/// special-purpose address registries that is not globally reachable, plus multicast, the
+/// deprecated site-local range and the forms that embed an IPv4 address (an attacker picks the
+/// embedded one). IPv4-mapped IPv6 (`::ffff:0:0/96`) is not listed: it is canonicalised to the
+/// IPv4 address it carries and judged as that. Checked most specific first, so a refusal names
+/// the narrowest range.
 const BLOCKED: &[&str] = &[
-    // IPv4
+    // IPv4 (RFC 6890 registry)
     "0.0.0.0/8",          // "this network"
     "10.0.0.0/8",         // private
     "100.64.0.0/10",      // carrier-grade NAT
     "127.0.0.0/8",        // loopback
     "169.254.0.0/16",     // link-local, cloud metadata (169.254.169.254)
     "172.16.0.0/12",      // private
-    "192.0.0.0/24",       // IETF protocol assignments
+    "192.0.0.0/24",       // IETF protocol assignments (DS-Lite, NAT64 discovery, …)
     "192.0.2.0/24",       // TEST-NET-1
+    "192.88.99.0/24",     // deprecated 6to4 relay anycast (RFC 7526)
     "192.168.0.0/16",     // private
     "198.18.0.0/15",      // benchmarking
     "198.51.100.0/24",    // TEST-NET-2
     "203.0.113.0/24",     // TEST-NET-3
     "224.0.0.0/4",        // multicast
     "240.0.0.0/4",        // reserved
-    "255.255.255.255/32", // broadcast
-    // IPv6
-    "::/128",        // unspecified
-    "::1/128",       // loopback
-    "::/96",         // IPv4-compatible (deprecated; embeds an IPv4 address)
-    "fc00::/7",      // unique local
-    "fe80::/10",     // link-local
-    "ff00::/8",      // multicast
-    "64:ff9b::/96",  // NAT64 (embeds an IPv4 address)
-    "2001:db8::/32", // documentation
-    "2002::/16",     // 6to4 (embeds an IPv4 address)
+    "255.255.255.255/32", // limited broadcast
+    // IPv6 (RFC 6890 registry)
+    "::/128",          // unspecified
+    "::1/128",         // loopback
+    "::/96",           // IPv4-compatible (deprecated; embeds an IPv4 address)
+    "::ffff:0:0:0/96", // IPv4-translated (SIIT, RFC 2765; embeds an IPv4 address)
+    "64:ff9b::/96",    // NAT64 well-known prefix (embeds an IPv4 address)
+    "64:ff9b:1::/48",  // NAT64 local-use prefix (RFC 8215)
+    "100::/64",        // discard-only (RFC 6666)
+    "100:0:0:1::/64",  // dummy prefix (RFC 9780)
+    "2001::/23",       // IETF protocol assignments (its few anycast services are no webhook receivers)
+    "2001::/32",       // Teredo (embeds IPv4 addresses)
+    "2001:2::/48",     // benchmarking
+    "2001:10::/28",    // ORCHID (deprecated)
+    "2001:20::/28",    // ORCHIDv2 (identifiers, not routable)
+    "2001:db8::/32",   // documentation
+    "2002::/16",       // 6to4 (embeds an IPv4 address)
+    "3fff::/20",       // documentation (RFC 9637)
+    "5f00::/16",       // segment routing SIDs (RFC 9602)
+    "fc00::/7",        // unique local
+    "fe80::/10",       // link-local
+    "fec0::/10",       // site-local (deprecated, RFC 3879)
+    "ff00::/8",        // multicast
 ];
 
 /// An address the guard refuses; the error a blocked resolution or request carries.
@@ -78,7 +96,11 @@ impl SsrfGuard {
                 c.parse::<IpNet>()
                     .map_err(|e| format!("built-in blocked range `{c}` is invalid: {e}"))
             })
-            .collect::<Result<Vec<_>, _>>()?;
+            .collect::<Result<Vec<IpNet>, _>>()?;
+        // Most specific first: `255.255.255.255` is refused as the broadcast address, not as
+        // part of 240.0.0.0/4, and Teredo as Teredo rather than as 2001::/23.
+        let mut blocked = blocked;
+        blocked.sort_by_key(|net| std::cmp::Reverse(net.prefix_len()));
         Ok(SsrfGuard { allow, blocked })
     }
 
@@ -213,6 +235,105 @@ mod tests {
             "::127.0.0.1",
         ] {
             assert!(g.check_ip(ip(s)).is_err(), "{s} must be blocked");
+        }
+    }
+
+    /// One case per non-globally-reachable range of the IANA IPv4 and IPv6 special-purpose
+    /// address registries (plus multicast, site-local and the deprecated embedded-IPv4 forms):
+    /// `(range that must refuse it, an address inside it)`. A failure names the range.
+    const IANA_CASES: &[(&str, &str)] = &[
+        // IPv4 special-purpose registry
+        ("0.0.0.0/8", "0.1.2.3"),
+        ("10.0.0.0/8", "10.20.30.40"),
+        ("100.64.0.0/10", "100.127.255.254"),
+        ("127.0.0.0/8", "127.8.9.10"),
+        ("169.254.0.0/16", "169.254.169.254"),
+        ("172.16.0.0/12", "172.20.0.1"),
+        ("192.0.0.0/24", "192.0.0.170"),
+        ("192.0.2.0/24", "192.0.2.55"),
+        ("192.88.99.0/24", "192.88.99.1"),
+        ("192.168.0.0/16", "192.168.100.1"),
+        ("198.18.0.0/15", "198.19.1.1"),
+        ("198.51.100.0/24", "198.51.100.200"),
+        ("203.0.113.0/24", "203.0.113.77"),
+        ("224.0.0.0/4", "239.255.255.250"),
+        ("240.0.0.0/4", "250.1.2.3"),
+        ("255.255.255.255/32", "255.255.255.255"),
+        // IPv6 special-purpose registry
+        ("::/128", "::"),
+        ("::1/128", "::1"),
+        ("::/96", "::7f00:1"),
+        ("::ffff:0:0:0/96", "::ffff:0:7f00:1"),
+        ("64:ff9b::/96", "64:ff9b::a00:1"),
+        ("64:ff9b:1::/48", "64:ff9b:1:abcd::1"),
+        ("100::/64", "100::dead:beef"),
+        ("100:0:0:1::/64", "100:0:0:1::1"),
+        ("2001::/32", "2001:0:4136:e378:8000:63bf:3fff:fdd2"),
+        ("2001:2::/48", "2001:2:0:1::1"),
+        ("2001:10::/28", "2001:10:1::1"),
+        ("2001:20::/28", "2001:20:1::1"),
+        ("2001::/23", "2001:5::1"),
+        ("2001::/23", "2001:1ff::1"),
+        ("2001:db8::/32", "2001:db8:85a3::8a2e:370:7334"),
+        ("2002::/16", "2002:a00:1::1"),
+        ("3fff::/20", "3fff:fff::1"),
+        ("5f00::/16", "5f00:1::1"),
+        ("fc00::/7", "fdff:ffff::1"),
+        ("fe80::/10", "febf::1"),
+        ("fec0::/10", "fec0::1"),
+        ("ff00::/8", "ff05::1:3"),
+    ];
+
+    #[test]
+    fn every_iana_special_purpose_range_is_blocked() {
+        let g = guard();
+        let mut failures = Vec::new();
+        for (range, sample) in IANA_CASES {
+            let expected: IpNet = range.parse().expect("range");
+            let addr = ip(sample);
+            assert!(expected.contains(&addr), "bad case: {sample} is not in {range}");
+            match g.check_ip(addr) {
+                Err(BlockedAddress::InRange { range: got, .. }) if got == expected => {}
+                other => failures.push(format!(
+                    "range {range}: {sample} must be refused as in {range}, got {other:?}"
+                )),
+            }
+        }
+        assert!(failures.is_empty(), "{}", failures.join("\n"));
+    }
+
+    /// `::ffff:0:0/96` (IPv4-mapped) is not a blocked range of its own: it is canonicalised and
+    /// judged as the IPv4 address it carries, so a mapped public address stays reachable.
+    #[test]
+    fn ipv4_mapped_range_is_judged_by_its_ipv4_address() {
+        let g = guard();
+        assert_eq!(
+            g.check_ip(ip("::ffff:192.168.1.1")),
+            Err(BlockedAddress::InRange {
+                ip: ip("192.168.1.1"),
+                range: "192.168.0.0/16".parse().expect("net"),
+            })
+        );
+        assert!(g.check_ip(ip("::ffff:192.88.99.1")).is_err());
+        assert_eq!(g.check_ip(ip("::ffff:8.8.8.8")), Ok(()));
+    }
+
+    /// Globally reachable neighbours of the blocked ranges stay allowed (the ranges are not
+    /// wider than the registry says).
+    #[test]
+    fn neighbours_of_blocked_ranges_are_allowed() {
+        let g = guard();
+        for s in [
+            "192.88.98.255",
+            "192.88.100.0",
+            "192.31.196.1",
+            "64:ff9b:2::1",
+            "2001:200::1",
+            "2001:db9::1",
+            "3fff:1000::1",
+            "2620:4f:8000::1",
+        ] {
+            assert_eq!(g.check_ip(ip(s)), Ok(()), "{s} must be allowed");
         }
     }
 
