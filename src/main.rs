@@ -110,6 +110,12 @@ fn main() -> ExitCode {
             command: ConfigCommand::Check { file },
         } => match Config::load(&file) {
             Ok(c) => {
+                if !c.ignored_env.is_empty() {
+                    eprintln!(
+                        "note: ignored Kubernetes service link variables (not hookline overrides): {}",
+                        c.ignored_env.join(", ")
+                    );
+                }
                 println!(
                     "{}: ok ({} endpoints, {} retry tiers, prefix `{}`)",
                     file.display(),
@@ -134,6 +140,13 @@ fn main() -> ExitCode {
                 }
             };
             telemetry::init(&config.log);
+            if !config.ignored_env.is_empty() {
+                // A Service named `hookline…` in the namespace: harmless, said once.
+                tracing::info!(
+                    variables = %config.ignored_env.join(","),
+                    "ignoring kubernetes service link variables (not hookline overrides)"
+                );
+            }
             let runtime = match tokio::runtime::Builder::new_multi_thread()
                 .enable_all()
                 .build()

@@ -8,6 +8,12 @@
 //! `HOOKLINE_KAFKA__OPTIONS__SASL_PASSWORD=…` sets `sasl.password`.
 //! Values are read as TOML when they parse as a TOML value (numbers, booleans, arrays), otherwise
 //! as strings.
+//!
+//! Kubernetes injects "service link" variables for every Service of the pod's namespace; a
+//! Service named `hookline` or `hookline-<svc>` yields `HOOKLINE_SERVICE_HOST`, `HOOKLINE_PORT`,
+//! `HOOKLINE_<SVC>_PORT_9464_TCP_ADDR`, …. They share our prefix but are not overrides: they are
+//! ignored and returned in [`Config::ignored_env`] so the process can name them in one log line.
+//! Any other `HOOKLINE_…` variable without `__` is an error, naming the key it probably meant.
 
 use std::collections::{BTreeMap, HashSet};
 use std::fmt;
@@ -63,6 +69,10 @@ pub struct Config {
     pub log: LogConfig,
     #[serde(default)]
     pub endpoints: Vec<EndpointConfig>,
+    /// Kubernetes service-link variables (`HOOKLINE_SERVICE_HOST`, …) that were ignored, sorted;
+    /// not configuration: the binary names them in one log line at startup.
+    #[serde(skip)]
+    pub ignored_env: Vec<String>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -392,15 +402,16 @@ impl Config {
             path: origin.to_string(),
             message: e.message().to_string(),
         })?;
-        let mut overrides: Vec<(String, String)> = env
-            .into_iter()
-            .filter(|(k, _)| k.starts_with("HOOKLINE_") && !is_reserved_env(k))
-            .collect();
+        let (mut service_links, mut overrides): (Vec<(String, String)>, Vec<(String, String)>) =
+            env.into_iter()
+                .filter(|(k, _)| k.starts_with("HOOKLINE_") && !is_reserved_env(k))
+                .partition(|(k, _)| is_kubernetes_service_link(k));
         overrides.sort();
         for (key, value) in overrides {
             apply_env_override(&mut root, &key, &value)?;
         }
-        let config: Config =
+        service_links.sort();
+        let mut config: Config =
             serde_path_to_error::deserialize(toml::Value::Table(root)).map_err(|e| {
                 let field = e.path().to_string();
                 ConfigError::field(
@@ -409,6 +420,7 @@ impl Config {
                 )
             })?;
         config.validate()?;
+        config.ignored_env = service_links.into_iter().map(|(k, _)| k).collect();
         Ok(config)
     }
 
@@ -682,11 +694,85 @@ fn is_reserved_env(key: &str) -> bool {
         || key.starts_with("HOOKLINE_BENCH_")
 }
 
+/// Whether `key` is a variable Kubernetes injects for a Service named `hookline` or
+/// `hookline-<svc>` (`enableServiceLinks`, on by default):
+/// `HOOKLINE_[<SVC>_]SERVICE_HOST`, `…SERVICE_PORT[_<PORT NAME>]`, `…PORT`,
+/// `…PORT_<n>_<TCP|UDP|SCTP>[_PROTO|_PORT|_ADDR]`. No config key ends like these, and overrides
+/// always contain `__`, which a service link never does.
+fn is_kubernetes_service_link(key: &str) -> bool {
+    let Some(rest) = key.strip_prefix("HOOKLINE_") else {
+        return false;
+    };
+    if rest.contains("__") {
+        return false;
+    }
+    let parts: Vec<&str> = rest.split('_').collect();
+    let word = |p: &str| {
+        !p.is_empty()
+            && p.chars()
+                .all(|c| c.is_ascii_uppercase() || c.is_ascii_digit())
+    };
+    if !parts.iter().all(|p| word(p)) {
+        return false;
+    }
+    // `i` is where the part after the service name starts (0 for the Service `hookline`).
+    (0..parts.len()).any(|i| match &parts[i..] {
+        ["SERVICE", "HOST"] | ["SERVICE", "PORT", ..] | ["PORT"] => true,
+        ["PORT", number, proto, suffix @ ..] => {
+            number.chars().all(|c| c.is_ascii_digit())
+                && matches!(*proto, "TCP" | "UDP" | "SCTP")
+                && matches!(suffix, [] | ["PROTO" | "PORT" | "ADDR"])
+        }
+        _ => false,
+    })
+}
+
+/// Top-level sections an environment override can address (`HOOKLINE_<SECTION>__<KEY>`); used
+/// to tell which key a single-underscore variable meant.
+const OVERRIDE_SECTIONS: &[&str] = &[
+    "kafka",
+    "topics",
+    "input",
+    "dedupe",
+    "retry",
+    "http",
+    "dispatcher",
+    "server",
+    "log",
+];
+
+/// The override a single-underscore variable most likely meant:
+/// `HOOKLINE_KAFKA_BOOTSTRAP_SERVERS` → `HOOKLINE_KAFKA__BOOTSTRAP_SERVERS`.
+fn intended_override(key: &str) -> Option<String> {
+    let rest = key.strip_prefix("HOOKLINE_")?;
+    let lower = rest.to_ascii_lowercase();
+    if let Some(option) = lower.strip_prefix("kafka_options_") {
+        return Some(format!(
+            "HOOKLINE_KAFKA__OPTIONS__{}",
+            option.to_ascii_uppercase()
+        ));
+    }
+    OVERRIDE_SECTIONS.iter().find_map(|section| {
+        let field = lower.strip_prefix(section)?.strip_prefix('_')?;
+        (!field.is_empty()).then(|| {
+            format!(
+                "HOOKLINE_{}__{}",
+                section.to_ascii_uppercase(),
+                field.to_ascii_uppercase()
+            )
+        })
+    })
+}
+
 fn apply_env_override(root: &mut toml::Table, key: &str, value: &str) -> Result<(), ConfigError> {
     if !key.contains("__") {
+        let shape = "environment overrides look like HOOKLINE_<SECTION>__<KEY> (double underscore between levels)";
         return Err(ConfigError::field(
             key,
-            "environment overrides look like HOOKLINE_<SECTION>__<KEY> (double underscore between levels)",
+            match intended_override(key) {
+                Some(intended) => format!("did you mean {intended}? {shape}"),
+                None => shape.to_string(),
+            },
         ));
     }
     let path: Vec<String> = key["HOOKLINE_".len()..]
@@ -860,6 +946,87 @@ mod tests {
             err.to_string().contains("HOOKLINE_KAFKA_BOOTSTRAP_SERVERS"),
             "{err}"
         );
+    }
+
+    fn env(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    /// What Kubernetes injects into every pod of a namespace with Services `hookline` (ports
+    /// 9464/TCP named `metrics`) and `hookline-admin` / `hookline-dispatcher`.
+    const SERVICE_LINKS: &[(&str, &str)] = &[
+        ("HOOKLINE_SERVICE_HOST", "10.0.0.11"),
+        ("HOOKLINE_SERVICE_PORT", "9464"),
+        ("HOOKLINE_SERVICE_PORT_METRICS", "9464"),
+        ("HOOKLINE_PORT", "tcp://10.0.0.11:9464"),
+        ("HOOKLINE_PORT_9464_TCP", "tcp://10.0.0.11:9464"),
+        ("HOOKLINE_PORT_9464_TCP_PROTO", "tcp"),
+        ("HOOKLINE_PORT_9464_TCP_PORT", "9464"),
+        ("HOOKLINE_PORT_9464_TCP_ADDR", "10.0.0.11"),
+        ("HOOKLINE_ADMIN_SERVICE_HOST", "10.0.0.12"),
+        ("HOOKLINE_ADMIN_SERVICE_PORT", "8080"),
+        ("HOOKLINE_ADMIN_SERVICE_PORT_HTTP_API", "8080"),
+        ("HOOKLINE_ADMIN_PORT", "tcp://10.0.0.12:8080"),
+        ("HOOKLINE_ADMIN_PORT_8080_TCP", "tcp://10.0.0.12:8080"),
+        ("HOOKLINE_ADMIN_PORT_8080_TCP_PROTO", "tcp"),
+        ("HOOKLINE_ADMIN_PORT_8080_TCP_PORT", "8080"),
+        ("HOOKLINE_ADMIN_PORT_8080_TCP_ADDR", "10.0.0.12"),
+        ("HOOKLINE_DISPATCHER_SERVICE_HOST", "10.0.0.13"),
+        ("HOOKLINE_DISPATCHER_PORT_9464_UDP_ADDR", "10.0.0.13"),
+        ("HOOKLINE_DISPATCHER_PORT_9464_SCTP", "sctp://10.0.0.13:9464"),
+    ];
+
+    #[test]
+    fn kubernetes_service_links_are_ignored_and_named() {
+        let mut vars = env(SERVICE_LINKS);
+        vars.push(("HOOKLINE_TOPICS__PARTITIONS".into(), "12".into()));
+        let c = Config::from_toml_with_env(MIN, "t", vars).expect("service links are not errors");
+        assert_eq!(c.topics.partitions, 12, "real overrides still apply");
+        let mut want: Vec<String> = SERVICE_LINKS.iter().map(|(k, _)| k.to_string()).collect();
+        want.sort();
+        assert_eq!(c.ignored_env, want);
+    }
+
+    #[test]
+    fn mistyped_override_names_the_intended_key() {
+        let cases = [
+            (
+                "HOOKLINE_KAFKA_BOOTSTRAP_SERVERS",
+                "HOOKLINE_KAFKA__BOOTSTRAP_SERVERS",
+            ),
+            ("HOOKLINE_TOPICS_PARTITIONS", "HOOKLINE_TOPICS__PARTITIONS"),
+            (
+                "HOOKLINE_KAFKA_OPTIONS_SASL_PASSWORD",
+                "HOOKLINE_KAFKA__OPTIONS__SASL_PASSWORD",
+            ),
+            ("HOOKLINE_SERVER_LISTEN", "HOOKLINE_SERVER__LISTEN"),
+        ];
+        for (typed, intended) in cases {
+            let err = Config::from_toml_with_env(MIN, "t", env(&[(typed, "1")]))
+                .expect_err(typed)
+                .to_string();
+            assert!(err.contains(typed), "{typed}: {err}");
+            assert!(
+                err.contains(&format!("did you mean {intended}")),
+                "{typed}: {err}"
+            );
+        }
+        // Not a service link and not a section: still an error, without a guess.
+        let err = Config::from_toml_with_env(MIN, "t", env(&[("HOOKLINE_NOPE", "1")]))
+            .expect_err("unknown variable");
+        assert!(err.to_string().contains("HOOKLINE_NOPE"), "{err}");
+    }
+
+    #[test]
+    fn override_sections_are_real_sections() {
+        // MIN opens `[kafka]` already; every other section must be accepted as an empty table.
+        for section in OVERRIDE_SECTIONS.iter().filter(|s| **s != "kafka") {
+            load(&format!("{MIN}[{section}]\n"))
+                .unwrap_or_else(|e| panic!("`{section}` is not a config section: {e}"));
+        }
     }
 
     #[test]

@@ -4,6 +4,7 @@
 mod dedupe;
 mod demo;
 mod dispatcher;
+mod hardening;
 mod harness;
 mod pipeline;
 mod receiver;
