@@ -101,6 +101,11 @@ pub struct TopicsConfig {
     pub partitions: i32,
     #[serde(default = "default_replication")]
     pub replication_factor: i32,
+    /// `min.insync.replicas` of every topic: how many replicas must have an acknowledged record
+    /// (producers use `acks=all`). Default: 2 when `replication_factor` >= 3, else 1; see
+    /// [`TopicsConfig::min_insync_replicas`].
+    #[serde(default)]
+    pub min_insync_replicas: Option<i32>,
     /// Retention of the flow topics (events, dedupe, dispatch).
     #[serde(default = "default_flow_retention", with = "humantime_serde")]
     pub flow_retention: Duration,
@@ -316,6 +321,17 @@ const fn default_true() -> bool {
     true
 }
 
+impl TopicsConfig {
+    /// The `min.insync.replicas` the topic plan sets: the configured value, else 2 when the
+    /// replication factor is 3 or more (an acknowledged record survives the loss of one disk
+    /// while one broker may be down for maintenance), else 1 (2 of 2 would stop every write
+    /// whenever one broker restarts).
+    pub fn min_insync_replicas(&self) -> i32 {
+        self.min_insync_replicas
+            .unwrap_or(if self.replication_factor >= 3 { 2 } else { 1 })
+    }
+}
+
 macro_rules! default_section {
     ($ty:ident { $($field:ident : $value:expr),* $(,)? }) => {
         impl Default for $ty {
@@ -329,6 +345,7 @@ default_section!(TopicsConfig {
     prefix: default_prefix(),
     partitions: default_partitions(),
     replication_factor: default_replication(),
+    min_insync_replicas: None,
     flow_retention: default_flow_retention(),
     tier_retention_margin: default_tier_margin(),
     dedupe_state_retention_margin: default_state_margin(),
@@ -455,6 +472,17 @@ impl Config {
                 "topics.replication_factor",
                 "must be between 1 and 32",
             ));
+        }
+        if let Some(isr) = self.topics.min_insync_replicas {
+            if !(1..=self.topics.replication_factor).contains(&isr) {
+                return Err(ConfigError::field(
+                    "topics.min_insync_replicas",
+                    format!(
+                        "must be between 1 and topics.replication_factor ({}); more would refuse every write",
+                        self.topics.replication_factor
+                    ),
+                ));
+            }
         }
         if self.input.max_payload_bytes == 0 || self.input.max_payload_bytes > MAX_PAYLOAD_LIMIT {
             return Err(ConfigError::field(
@@ -902,6 +930,30 @@ mod tests {
         for (extra, field) in cases {
             let err = load(&format!("{MIN}{extra}")).expect_err(extra);
             assert_eq!(field_of(err), field, "for {extra:?}");
+        }
+    }
+
+    #[test]
+    fn min_insync_replicas_defaults_to_two_from_replication_three() {
+        let isr = |extra: &str| {
+            load(&format!("{MIN}[topics]\n{extra}"))
+                .expect(extra)
+                .topics
+                .min_insync_replicas()
+        };
+        assert_eq!(isr(""), 1, "default replication factor 1");
+        assert_eq!(isr("replication_factor = 2\n"), 1);
+        assert_eq!(isr("replication_factor = 3\n"), 2);
+        assert_eq!(isr("replication_factor = 5\n"), 2);
+        assert_eq!(isr("replication_factor = 5\nmin_insync_replicas = 3\n"), 3);
+        assert_eq!(isr("replication_factor = 3\nmin_insync_replicas = 1\n"), 1);
+        for bad in [
+            "replication_factor = 3\nmin_insync_replicas = 4\n",
+            "min_insync_replicas = 2\n",
+            "replication_factor = 3\nmin_insync_replicas = 0\n",
+        ] {
+            let err = load(&format!("{MIN}[topics]\n{bad}")).expect_err(bad);
+            assert_eq!(field_of(err), "topics.min_insync_replicas", "{bad}");
         }
     }
 

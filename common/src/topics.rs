@@ -72,6 +72,7 @@ pub fn plan(config: &Config) -> Vec<TopicSpec> {
     let t = Topics::new(&config.topics.prefix);
     let p = config.topics.partitions;
     let rf = config.topics.replication_factor;
+    let isr = config.topics.min_insync_replicas();
     let spec = |name: String, purpose: &'static str, retention_ms: Option<Duration>| {
         let mut configs = BTreeMap::new();
         configs.insert("cleanup.policy".to_string(), "delete".to_string());
@@ -80,6 +81,9 @@ pub fn plan(config: &Config) -> Vec<TopicSpec> {
             "max.message.bytes".to_string(),
             MAX_MESSAGE_BYTES.to_string(),
         );
+        // With the broker default of 1, an `acks=all` write (a dead letter, a hand-off) is
+        // acknowledged by the leader alone and lost with its disk.
+        configs.insert("min.insync.replicas".to_string(), isr.to_string());
         TopicSpec {
             name,
             partitions: p,
@@ -240,6 +244,41 @@ mod tests {
             tier24.configs["retention.ms"],
             ((24 + 7 * 24) * 3_600_000u64).to_string()
         );
+    }
+
+    #[test]
+    fn every_topic_gets_min_insync_replicas() {
+        let load = |extra: &str| {
+            Config::from_toml_with_env(
+                &format!("[kafka]\nbootstrap_servers = \"x:1\"\n[topics]\n{extra}"),
+                "t",
+                Vec::new(),
+            )
+            .expect("config")
+        };
+        for (extra, want) in [
+            ("", "1"),
+            ("replication_factor = 3\n", "2"),
+            ("replication_factor = 3\nmin_insync_replicas = 3\n", "3"),
+        ] {
+            for spec in plan(&load(extra)) {
+                assert_eq!(
+                    spec.configs.get("min.insync.replicas").map(String::as_str),
+                    Some(want),
+                    "{} with {extra:?}",
+                    spec.name
+                );
+            }
+        }
+        // An existing topic left at another value is drift.
+        let spec = plan(&load("replication_factor = 3\n")).remove(0);
+        let mut configs = spec.configs.clone();
+        configs.insert("min.insync.replicas".into(), "1".into());
+        let d = drift(&spec, spec.partitions, 3, &configs);
+        assert_eq!(d.len(), 1);
+        assert!(d[0]
+            .to_string()
+            .ends_with("min.insync.replicas is 1 (expected 2)"));
     }
 
     #[test]

@@ -76,3 +76,85 @@ fn kubernetes_service_links_do_not_stop_the_process() {
         "the error names the intended key: {stderr}"
     );
 }
+
+/// `min.insync.replicas` of `topic` on the broker, and whether it is set on the topic itself
+/// (rather than inherited from the broker default).
+async fn min_insync(topic: &str) -> (String, bool) {
+    use rdkafka::admin::{ConfigSource, ResourceSpecifier};
+    let res = admin()
+        .describe_configs([&ResourceSpecifier::Topic(topic)], &admin_opts())
+        .await
+        .expect("describe configs");
+    let resource = res
+        .into_iter()
+        .next()
+        .expect("one resource")
+        .expect("described");
+    let entry = resource
+        .entries
+        .into_iter()
+        .find(|e| e.name == "min.insync.replicas")
+        .expect("min.insync.replicas is described");
+    (
+        entry.value.unwrap_or_default(),
+        matches!(entry.source, ConfigSource::DynamicTopic),
+    )
+}
+
+/// Item 11: `topics apply` sets `min.insync.replicas` on every topic it creates (1 with the test
+/// broker's replication factor 1), and reports a topic with another value as drift (exit 3).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn topics_apply_sets_min_insync_replicas_and_reports_drift() {
+    use rdkafka::admin::{NewTopic, TopicReplication};
+    require_kafka();
+    let prefix = unique_prefix("isr");
+    let config = test_config(&prefix, "[retry]\nschedule = [\"0s\", \"2s\"]\n");
+    // Someone created the DLQ by hand, with a min.insync.replicas the plan does not want.
+    let dlq = format!("{prefix}.dlq");
+    let t = NewTopic::new(&dlq, 3, TopicReplication::Fixed(1))
+        .set("retention.ms", "-1")
+        .set("cleanup.policy", "delete")
+        .set("max.message.bytes", "5242880")
+        .set("min.insync.replicas", "2");
+    for r in admin()
+        .create_topics([&t], &admin_opts())
+        .await
+        .expect("create")
+    {
+        r.expect("created");
+    }
+    let report = hookline_common::kafka::apply_topics(&config, std::time::Duration::from_secs(30))
+        .await
+        .expect("apply");
+    for spec in hookline_common::topics::plan(&config) {
+        if spec.name == dlq {
+            continue;
+        }
+        let (value, on_topic) = min_insync(&spec.name).await;
+        assert_eq!(value, "1", "{} min.insync.replicas", spec.name);
+        assert!(on_topic, "{}: min.insync.replicas must be set by apply, not inherited", spec.name);
+    }
+    let drift: Vec<String> = report.drift.iter().map(|d| d.to_string()).collect();
+    assert_eq!(
+        drift,
+        [format!("{dlq}: min.insync.replicas is 2 (expected 1)")],
+        "exactly the hand-made difference"
+    );
+    // And the CLI exits 3 naming it.
+    let out = hookline(
+        &["topics", "apply"],
+        &[
+            ("HOOKLINE_CONFIG", "config/hookline.example.toml"),
+            ("HOOKLINE_KAFKA__BOOTSTRAP_SERVERS", &bootstrap()),
+            ("HOOKLINE_TOPICS__PREFIX", &prefix),
+            ("HOOKLINE_TOPICS__PARTITIONS", "3"),
+            ("HOOKLINE_RETRY__SCHEDULE", "[\"0s\", \"2s\"]"),
+        ],
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(3), "stdout: {stdout}");
+    assert!(
+        stdout.contains(&format!("DRIFT     {dlq}: min.insync.replicas is 2 (expected 1)")),
+        "{stdout}"
+    );
+}
