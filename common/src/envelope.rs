@@ -4,6 +4,7 @@
 //! [`validate`] either accepts it (computing its dedupe key) or gives the reason it goes to
 //! `<p>.invalid`. The producer's bytes are never rewritten: they are what endpoints receive.
 
+use serde_json::value::RawValue;
 use serde_json::Value;
 
 use crate::config::{DedupeKeyRule, InputConfig};
@@ -90,8 +91,9 @@ pub struct ValidEvent {
     pub id: String,
     pub event_type: String,
     pub tenant: Option<String>,
-    /// The dedupe key, prefixed by its kind so keys from different rules never collide:
-    /// `id:<id>` or `ptr:<len>:<value>…`.
+    /// The dedupe key: namespace (the envelope id, or the matching `dedupe.keys` rule), tenant
+    /// and value(s), every variable part length-prefixed so distinct inputs never join to the
+    /// same key. See [`Validator::dedupe_key`].
     pub dedupe_key: String,
 }
 
@@ -184,7 +186,7 @@ impl Validator {
                 ))
             }
         };
-        let dedupe_key = self.dedupe_key(&value, id, event_type)?;
+        let dedupe_key = self.dedupe_key(bytes, &value, id, event_type, tenant.as_deref())?;
         Ok(ValidEvent {
             id: id.clone(),
             event_type: event_type.clone(),
@@ -193,19 +195,57 @@ impl Validator {
         })
     }
 
-    fn dedupe_key(&self, value: &Value, id: &str, event_type: &str) -> Result<String, Invalid> {
+    /// `<namespace>|<tenant>|<values>`, where `lp(x)` is `<byte length>:<x>`:
+    /// - namespace: `id` for the envelope id, else `rule` + ` lp(type glob)` + ` lp(pointer)`…
+    ///   of the first matching rule, so two rules never share keys (`email.inbound` messageId
+    ///   "42" and `email.delivery.sent` deliveryId "42" differ);
+    /// - tenant: `-` without one, else `lp(tenant)`: one tenant's event never suppresses
+    ///   another's with the same id;
+    /// - values: `lp(id)`, or per pointer `s` + `lp(string)` / `n` + `lp(number literal)`:
+    ///   numbers are keyed by their exact JSON text (18446744073709551617 and …618 differ,
+    ///   where an f64 would round them together), and a string never equals a number.
+    ///
+    /// e.g. `id|4:acme|5:evt_1`, `rule 13:email.inbound 15:/data/messageId|-|s2:42`.
+    fn dedupe_key(
+        &self,
+        bytes: &[u8],
+        value: &Value,
+        id: &str,
+        event_type: &str,
+        tenant: Option<&str>,
+    ) -> Result<String, Invalid> {
+        let tenant = match tenant {
+            Some(t) => lp(t),
+            None => "-".to_string(),
+        };
         let Some(rule) = self
             .rules
             .iter()
             .find(|r| glob_match(&r.type_glob, event_type))
         else {
-            return Ok(format!("id:{id}"));
+            return Ok(format!("id|{tenant}|{}", lp(id)));
         };
-        let mut key = String::from("ptr:");
+        let mut values = String::new();
         for pointer in &rule.pointers {
-            let part = match value.pointer(pointer) {
-                Some(Value::String(s)) if !s.is_empty() => s.clone(),
-                Some(Value::Number(n)) => n.to_string(),
+            match value.pointer(pointer) {
+                Some(Value::String(s)) if !s.is_empty() => {
+                    values.push('s');
+                    values.push_str(&lp(s));
+                }
+                Some(Value::Number(_)) => {
+                    // `Value` keeps integers beyond u64 only as f64: read the literal instead.
+                    let literal = raw_pointer(bytes, pointer).ok_or_else(|| {
+                        invalid(
+                            InvalidReason::MissingDedupeField,
+                            format!(
+                                "dedupe key field `{pointer}` (rule for `{}`) could not be read",
+                                rule.type_glob
+                            ),
+                        )
+                    })?;
+                    values.push('n');
+                    values.push_str(&lp(literal));
+                }
                 Some(other) if !matches!(other, Value::String(_)) => {
                     return Err(invalid(
                         InvalidReason::MissingDedupeField,
@@ -225,21 +265,57 @@ impl Validator {
                         ),
                     ))
                 }
-            };
-            // Length-prefixed so ("ab","c") and ("a","bc") never join to the same key.
-            key.push_str(&part.len().to_string());
-            key.push(':');
-            key.push_str(&part);
-            key.push('|');
+            }
         }
-        if key.len() > MAX_DEDUPE_KEY_BYTES {
+        if values.len() > MAX_DEDUPE_KEY_BYTES {
             return Err(invalid(
                 InvalidReason::MissingDedupeField,
                 format!("dedupe key is longer than {MAX_DEDUPE_KEY_BYTES} bytes"),
             ));
         }
-        Ok(key)
+        let mut namespace = String::from("rule ");
+        namespace.push_str(&lp(&rule.type_glob));
+        for pointer in &rule.pointers {
+            namespace.push(' ');
+            namespace.push_str(&lp(pointer));
+        }
+        Ok(format!("{namespace}|{tenant}|{values}"))
     }
+}
+
+/// Length-prefixed: `<byte length>:<text>`, so joined parts are never ambiguous.
+fn lp(text: &str) -> String {
+    format!("{}:{text}", text.len())
+}
+
+/// The exact JSON text at `pointer` (RFC 6901, as `Value::pointer` reads it) in `bytes`, which
+/// must be valid JSON. Only the containers on the path are re-read, as raw slices.
+fn raw_pointer<'a>(bytes: &'a [u8], pointer: &str) -> Option<&'a str> {
+    let mut current: &'a RawValue = serde_json::from_slice(bytes).ok()?;
+    if pointer.is_empty() {
+        return Some(current.get().trim());
+    }
+    for token in pointer.strip_prefix('/')?.split('/') {
+        let token = token.replace("~1", "/").replace("~0", "~");
+        let text: &'a str = current.get().trim_start();
+        current = if text.starts_with('{') {
+            // Duplicate names: the last one wins, as in `Value`.
+            let mut object: std::collections::HashMap<String, &'a RawValue> =
+                serde_json::from_str(text).ok()?;
+            object.remove(&token)?
+        } else if text.starts_with('[') {
+            let array: Vec<&'a RawValue> = serde_json::from_str(text).ok()?;
+            // `Value::pointer`'s index rule: no sign, no leading zero.
+            if token.starts_with('+') || (token.starts_with('0') && token.len() != 1) {
+                return None;
+            }
+            let index: usize = token.parse().ok()?;
+            array.get(index).copied()?
+        } else {
+            return None;
+        };
+    }
+    Some(current.get().trim())
 }
 
 fn check_id(id: &str) -> Result<(), Invalid> {
@@ -303,6 +379,14 @@ mod tests {
                     type_glob: "call.*".into(),
                     pointers: vec!["/data/callId".into(), "/data/event".into()],
                 },
+                DedupeKeyRule {
+                    type_glob: "email.delivery.*".into(),
+                    pointers: vec!["/data/deliveryId".into()],
+                },
+                DedupeKeyRule {
+                    type_glob: "order.*".into(),
+                    pointers: vec!["/data/items/1/n".into(), "/data/a~1b~0c".into()],
+                },
             ],
         )
     }
@@ -324,7 +408,7 @@ mod tests {
         assert_eq!(v.id, "evt_1");
         assert_eq!(v.event_type, "message.created");
         assert_eq!(v.tenant, None);
-        assert_eq!(v.dedupe_key, "id:evt_1");
+        assert_eq!(v.dedupe_key, "id|-|5:evt_1");
     }
 
     #[test]
@@ -390,6 +474,82 @@ mod tests {
             c1.dedupe_key, c2.dedupe_key,
             "joined keys must not be ambiguous"
         );
+    }
+
+    fn key(payload: &str) -> String {
+        validator()
+            .validate(Some(payload.as_bytes()))
+            .unwrap_or_else(|e| panic!("{payload}: {e:?}"))
+            .dedupe_key
+    }
+
+    #[test]
+    fn keys_of_different_rules_never_collide() {
+        let inbound = key(r#"{"id":"e1","type":"email.inbound","data":{"messageId":"42"}}"#);
+        let sent = key(r#"{"id":"e2","type":"email.delivery.sent","data":{"deliveryId":"42"}}"#);
+        assert_ne!(inbound, sent);
+        assert_eq!(inbound, "rule 13:email.inbound 15:/data/messageId|-|s2:42");
+        // Nor with the envelope id namespace.
+        assert_ne!(key(r#"{"id":"42","type":"x"}"#), inbound);
+        // Two types under one rule share it (the rule is the namespace, not the type).
+        assert_eq!(
+            sent,
+            key(r#"{"id":"e3","type":"email.delivery.bounced","data":{"deliveryId":"42"}}"#)
+        );
+    }
+
+    #[test]
+    fn tenant_is_part_of_the_key() {
+        let acme = key(r#"{"id":"e1","type":"x","tenant":"acme"}"#);
+        let globex = key(r#"{"id":"e1","type":"x","tenant":"globex"}"#);
+        let none = key(r#"{"id":"e1","type":"x"}"#);
+        assert_eq!(acme, "id|4:acme|2:e1");
+        assert_ne!(acme, globex);
+        assert_ne!(acme, none);
+        assert_eq!(acme, key(r#"{"id":"e1","type":"x","tenant":"acme","data":{"v":2}}"#));
+        let by_rule = |t: &str| {
+            key(&format!(
+                r#"{{"id":"e","type":"email.inbound","tenant":"{t}","data":{{"messageId":"m"}}}}"#
+            ))
+        };
+        assert_ne!(by_rule("acme"), by_rule("globex"));
+    }
+
+    #[test]
+    fn numbers_are_keyed_by_their_exact_text() {
+        let order = |n: &str| {
+            key(&format!(
+                r#"{{"id":"o","type":"order.paid","data":{{"items":[{{}},{{"n": {n} }}],"a/b~c":"x"}}}}"#
+            ))
+        };
+        let a = order("18446744073709551617");
+        let b = order("18446744073709551618");
+        assert_ne!(a, b, "2^64+1 and 2^64+2 must differ");
+        assert!(a.ends_with("|-|n20:18446744073709551617s1:x"), "{a}");
+        assert_eq!(a, order("18446744073709551617"));
+        assert_ne!(order("1.0"), order("1"));
+        assert_ne!(order("-0"), order("0"));
+        let s = key(r#"{"id":"e","type":"email.inbound","data":{"messageId":"42"}}"#);
+        let n = key(r#"{"id":"e","type":"email.inbound","data":{"messageId":42}}"#);
+        assert_ne!(s, n, "a string never equals a number");
+    }
+
+    #[test]
+    fn raw_pointer_reads_like_value_pointer() {
+        let doc = br#"{"a":{"b/c":[10, 2.50e3 ,{"~x":18446744073709551617}]},"a":{"b/c":[1,2]}}"#;
+        // Duplicate names: the last wins, as in `Value`.
+        assert_eq!(raw_pointer(doc, "/a/b~1c/1"), Some("2"));
+        let doc = br#"{"a":{"b/c":[10, 2.50e3 ,{"~x":18446744073709551617}]}}"#;
+        assert_eq!(raw_pointer(doc, "/a/b~1c/1"), Some("2.50e3"));
+        assert_eq!(
+            raw_pointer(doc, "/a/b~1c/2/~0x"),
+            Some("18446744073709551617")
+        );
+        assert_eq!(raw_pointer(doc, "/a/b~1c/01"), None);
+        assert_eq!(raw_pointer(doc, "/a/b~1c/+1"), None);
+        assert_eq!(raw_pointer(doc, "/a/b~1c/9"), None);
+        assert_eq!(raw_pointer(doc, "/nope"), None);
+        assert_eq!(raw_pointer(doc, "a"), None);
     }
 
     #[test]

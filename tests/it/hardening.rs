@@ -3,7 +3,11 @@
 //! trickles past the timeout through the real dispatcher, and `min.insync.replicas` in the topic
 //! plan against the real broker.
 
+use std::collections::BTreeMap;
 use std::process::Command;
+use std::time::{Duration, Instant};
+
+use hookline_common::headers as h;
 
 use crate::harness::*;
 
@@ -158,3 +162,77 @@ async fn topics_apply_sets_min_insync_replicas_and_reports_drift() {
         "{stdout}"
     );
 }
+
+/// Item 4: dedupe keys live in the namespace of their rule and their tenant, and JSON numbers are
+/// keyed by their exact text. Through the real deduper: events that only share a value pass,
+/// copies of the same (rule or id, tenant, value) are still dropped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dedupe_keys_are_namespaced_by_rule_and_tenant_and_numbers_are_exact() {
+    require_kafka();
+    let prefix = unique_prefix("dkeys");
+    let config = test_config(
+        &prefix,
+        "[[dedupe.keys]]\ntype = \"email.inbound\"\npointers = [\"/data/messageId\"]\n\
+         [[dedupe.keys]]\ntype = \"email.delivery.*\"\npointers = [\"/data/deliveryId\"]\n\
+         [[dedupe.keys]]\ntype = \"order.*\"\npointers = [\"/data/orderNo\"]\n",
+    );
+    apply_topics(&config).await;
+    // (event, passes?) in produce order, all on one input partition so the first copy wins.
+    let events: &[(&str, bool)] = &[
+        (r#"{"id":"a1","type":"email.inbound","data":{"messageId":"42"}}"#, true),
+        // Another rule, the same value: its own namespace.
+        (r#"{"id":"a2","type":"email.delivery.sent","data":{"deliveryId":"42"}}"#, true),
+        // Same id, three tenants (one of them none): one tenant never suppresses another.
+        (r#"{"id":"same-1","type":"x.y","tenant":"acme","data":{}}"#, true),
+        (r#"{"id":"same-1","type":"x.y","tenant":"globex","data":{}}"#, true),
+        (r#"{"id":"same-1","type":"x.y","data":{}}"#, true),
+        // Integers beyond u64 that the same f64 would round together.
+        (r#"{"id":"b1","type":"order.paid","data":{"orderNo":18446744073709551617}}"#, true),
+        (r#"{"id":"b2","type":"order.paid","data":{"orderNo":18446744073709551618}}"#, true),
+        // Copies: same rule + value, same id + tenant, same big number. Dropped.
+        (r#"{"id":"a3","type":"email.inbound","data":{"messageId":"42"}}"#, false),
+        (r#"{"id":"same-1","type":"x.y","tenant":"acme","data":{"copy":2}}"#, false),
+        (r#"{"id":"b3","type":"order.paid","data":{"orderNo":18446744073709551617}}"#, false),
+    ];
+    let p = producer();
+    for (event, _) in events {
+        produce(&p, &format!("{prefix}.events"), Some(0), None, Some(event.as_bytes()), &[]).await;
+    }
+    let running = start_deduper(&config);
+    let passing = events.iter().filter(|(_, pass)| *pass).count();
+    let dropped = events.len() - passing;
+    let start = Instant::now();
+    while counter(&running.registry, "hookline_deduper_duplicates_total", None) < dropped as f64
+        && start.elapsed() < Duration::from_secs(60)
+    {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let dispatch = format!("{prefix}.dispatch");
+    let out = read_all_quiet(&dispatch, passing, Duration::from_secs(60), Duration::from_secs(3));
+    let mut got: BTreeMap<(String, String), usize> = BTreeMap::new();
+    for m in &out {
+        let id = header(m, h::EVENT_ID).expect("event id").to_string();
+        let tenant = header(m, h::TENANT).unwrap_or("-").to_string();
+        *got.entry((id, tenant)).or_default() += 1;
+    }
+    let want: BTreeMap<(String, String), usize> = [
+        ("a1", "-"),
+        ("a2", "-"),
+        ("same-1", "acme"),
+        ("same-1", "globex"),
+        ("same-1", "-"),
+        ("b1", "-"),
+        ("b2", "-"),
+    ]
+    .into_iter()
+    .map(|(id, t)| ((id.to_string(), t.to_string()), 1))
+    .collect();
+    assert_eq!(got, want, "one dispatch per (namespace, tenant, value)");
+    assert_eq!(
+        counter(&running.registry, "hookline_deduper_duplicates_total", None),
+        dropped as f64,
+        "the copies are still duplicates"
+    );
+    running.stop().await.expect("clean stop");
+}
+
