@@ -161,7 +161,8 @@ pub struct RetryConfig {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct HttpConfig {
-    /// Whole-exchange timeout (connect + headers + body).
+    /// Timeout of connect + request + the response status line and headers; the body is then
+    /// read for at most min(1 s, what is left of it) and never changes the result.
     #[serde(default = "default_timeout", with = "humantime_serde")]
     pub timeout: Duration,
     /// Bytes of the response body kept for diagnostics; the rest is discarded unread.

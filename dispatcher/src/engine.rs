@@ -5,9 +5,13 @@
 //!
 //! Contract (DESIGN.md, "Delivery to an endpoint"): body = the producer's bytes; headers
 //! `content-type: application/json`, `webhook-id`, `webhook-timestamp` (per attempt),
-//! `webhook-signature` (one `v1,` per secret), `webhook-attempt`; success = any 2xx within the
-//! timeout, which covers connect, headers and the kept part of the body; redirects are not
-//! followed; at most `max_response_body_bytes` of the response are read.
+//! `webhook-signature` (one `v1,` per secret), `webhook-attempt`; redirects are not followed.
+//!
+//! The status is the acknowledgement: success = a 2xx status line within the timeout (connect,
+//! request, response headers). The body is diagnostics only: at most `max_response_body_bytes`
+//! of it are read, for at most [`BODY_GRACE`] and never past the timeout, and how it ends (slow,
+//! cut, reset) never turns a 2xx into a failure nor a non-2xx into another class. So an endpoint
+//! that acknowledges at once and then trickles its body is delivered, not retried.
 
 use std::collections::{HashMap, HashSet};
 use std::error::Error as StdError;
@@ -36,6 +40,10 @@ const WEBHOOK_ATTEMPT: HeaderName = HeaderName::from_static("webhook-attempt");
 const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
 /// TCP keepalive on endpoint connections, to notice dead peers on pooled connections.
 const TCP_KEEPALIVE: Duration = Duration::from_secs(30);
+/// After the status line, how long the kept part of the body may take (also capped by what is
+/// left of the timeout). Long enough for any body sent with its headers, short enough that a
+/// trickling endpoint cannot hold a concurrency slot for long.
+pub const BODY_GRACE: Duration = Duration::from_secs(1);
 
 /// What one delivery attempt did.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -44,7 +52,8 @@ pub struct AttemptOutcome {
     pub attempt: u32,
     /// When the request started (after the endpoint concurrency permit was granted), unix ms.
     pub started_at_ms: i64,
-    /// Connect + headers + kept body; the wait for a concurrency permit is not included.
+    /// Connect + headers + the kept body's grace; the wait for a concurrency permit is not
+    /// included.
     pub duration: Duration,
     pub result: AttemptResult,
 }
@@ -76,7 +85,7 @@ impl AttemptResult {
 pub enum FailureClass {
     /// A response arrived with a status other than 2xx (3xx included: redirects are not followed).
     HttpStatus,
-    /// No complete response (connect, headers, kept body) within the timeout.
+    /// No response status line (connect, request, headers) within the timeout.
     Timeout,
     /// The connection could not be established (refused, unreachable, DNS failure).
     Connect,
@@ -260,20 +269,9 @@ impl Engine {
         let start = Instant::now();
         let _inflight = InflightGuard::enter(&self.inner.metrics.inflight);
         let timeout = endpoint.timeout.unwrap_or(self.inner.timeout);
-        let mut status_seen = None;
-        let exchanged = tokio::time::timeout(
-            timeout,
-            self.exchange(endpoint, url, event_id, body, attempt, &mut status_seen),
-        )
-        .await;
-        let result = exchanged.unwrap_or_else(|_elapsed| AttemptResult::Failed {
-            class: FailureClass::Timeout,
-            status: status_seen,
-            snippet: self.cap(format!(
-                "no complete response within {} ms",
-                timeout.as_millis()
-            )),
-        });
+        let result = self
+            .exchange(endpoint, url, event_id, body, attempt, timeout)
+            .await;
         let outcome = AttemptOutcome {
             attempt,
             started_at_ms,
@@ -310,8 +308,8 @@ impl Engine {
         Ok(url)
     }
 
-    /// The request and the capped read of its response; `status_seen` is set as soon as the
-    /// headers arrive so a timeout during the body read still reports the status.
+    /// The request, bounded by `timeout` until its status line, then the bounded read of the
+    /// kept part of its body.
     async fn exchange(
         &self,
         endpoint: &EndpointConfig,
@@ -319,8 +317,9 @@ impl Engine {
         event_id: &str,
         body: Bytes,
         attempt: u32,
-        status_seen: &mut Option<u16>,
+        timeout: Duration,
     ) -> AttemptResult {
+        let deadline = tokio::time::Instant::now() + timeout;
         let Ok(id_value) = HeaderValue::from_str(event_id) else {
             // The deduper rejects such ids; reaching here is a bug upstream, not the endpoint's.
             return AttemptResult::Failed {
@@ -343,35 +342,38 @@ impl Engine {
             }
         }
 
-        let sent = self
-            .inner
-            .client
-            .post(url)
-            .headers(headers)
-            .body(body)
-            .send()
-            .await;
+        // `send` resolves when the status line and headers arrived.
+        let sent = tokio::time::timeout_at(
+            deadline,
+            self.inner
+                .client
+                .post(url)
+                .headers(headers)
+                .body(body)
+                .send(),
+        )
+        .await;
         let mut response = match sent {
-            Ok(response) => response,
-            Err(err) => return self.transport_failure(err, None),
+            Ok(Ok(response)) => response,
+            Ok(Err(err)) => return self.transport_failure(err, None),
+            Err(_elapsed) => {
+                return AttemptResult::Failed {
+                    class: FailureClass::Timeout,
+                    status: None,
+                    snippet: self.cap(format!(
+                        "no response status within {} ms",
+                        timeout.as_millis()
+                    )),
+                }
+            }
         };
         let status = response.status().as_u16();
-        *status_seen = Some(status);
 
-        // Read only what is kept, then drop the response: the rest is never buffered. When the
-        // body ends within the cap (the usual empty or small body) the connection is reused.
-        let max = self.inner.max_response_body_bytes;
-        let mut kept: Vec<u8> = Vec::new();
-        while kept.len() < max {
-            match response.chunk().await {
-                Ok(Some(chunk)) => {
-                    let take = chunk.len().min(max - kept.len());
-                    kept.extend_from_slice(&chunk[..take]);
-                }
-                Ok(None) => break,
-                Err(err) => return self.transport_failure(err, Some(status)),
-            }
-        }
+        // The status decided the result; the body is diagnostics. Read only what is kept, within
+        // the grace, then drop the response: the rest is never buffered. When the body ends
+        // within the cap (the usual empty or small body) the connection is reused.
+        let grace = BODY_GRACE.min(deadline.saturating_duration_since(tokio::time::Instant::now()));
+        let kept = read_kept(&mut response, self.inner.max_response_body_bytes, grace).await;
         drop(response);
 
         if (200..300).contains(&status) {
@@ -494,6 +496,26 @@ impl Engine {
     fn cap(&self, text: String) -> String {
         truncate_utf8(text, self.inner.max_response_body_bytes)
     }
+}
+
+/// Up to `max` bytes of the response body, whatever arrived within `grace`; a body that is slow,
+/// endless or broken just ends the read early.
+async fn read_kept(response: &mut reqwest::Response, max: usize, grace: Duration) -> Vec<u8> {
+    let mut kept: Vec<u8> = Vec::new();
+    let read = async {
+        while kept.len() < max {
+            match response.chunk().await {
+                Ok(Some(chunk)) => {
+                    let take = chunk.len().min(max - kept.len());
+                    kept.extend_from_slice(&chunk[..take]);
+                }
+                Ok(None) | Err(_) => break,
+            }
+        }
+    };
+    // Elapsed: what arrived so far is what is kept.
+    let _ = tokio::time::timeout(grace, read).await;
+    kept
 }
 
 /// Keeps the in-flight gauge right even when the delivery future is dropped mid-flight.
@@ -951,6 +973,76 @@ mod tests {
             "{:?}",
             outcome.duration
         );
+    }
+
+    /// A response with `status` at once, then one `.` every 50 ms, forever.
+    fn trickling(status: StatusCode) -> Router {
+        Router::new().route(
+            "/",
+            post(move || async move {
+                let stream = futures::stream::unfold((), |()| async {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    Some((Ok::<_, std::io::Error>(Bytes::from_static(b".")), ()))
+                });
+                (status, Body::from_stream(stream))
+            }),
+        )
+    }
+
+    #[tokio::test]
+    async fn ok_status_is_delivered_however_slow_its_body() {
+        let addr = serve(trickling(StatusCode::OK)).await;
+        let mut ep = endpoint(format!("http://{addr}/"));
+        let timeout = Duration::from_millis(600);
+        ep.timeout = Some(timeout);
+        let outcome = engine().deliver(&ep, "evt", body("{}"), 1).await;
+        assert_eq!(outcome.result, AttemptResult::Delivered { status: 200 });
+        // The body read is cut at the timeout at the latest (grace = min(1 s, time left)).
+        assert!(
+            outcome.duration < timeout + Duration::from_millis(400),
+            "{:?}",
+            outcome.duration
+        );
+    }
+
+    #[tokio::test]
+    async fn error_status_keeps_what_its_body_sent_within_the_grace() {
+        let addr = serve(trickling(StatusCode::SERVICE_UNAVAILABLE)).await;
+        // Timeout 5 s: the grace (1 s) is the bound, not the timeout.
+        let outcome = engine()
+            .deliver(&endpoint(format!("http://{addr}/")), "evt", body("{}"), 1)
+            .await;
+        let (class, status, snippet) = failed(&outcome);
+        assert_eq!((class, status), (FailureClass::HttpStatus, Some(503)));
+        assert!(!snippet.is_empty() && snippet.bytes().all(|b| b == b'.'), "{snippet:?}");
+        assert!(
+            outcome.duration >= BODY_GRACE && outcome.duration < BODY_GRACE * 2,
+            "{:?}",
+            outcome.duration
+        );
+    }
+
+    #[tokio::test]
+    async fn ok_status_with_a_broken_body_is_still_delivered() {
+        // Status line and a content-length the server never honours: the body ends in an error.
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        tokio::spawn(async move {
+            while let Ok((mut socket, _)) = listener.accept().await {
+                let mut request = [0u8; 4096];
+                let _ = tokio::io::AsyncReadExt::read(&mut socket, &mut request).await;
+                let _ = socket
+                    .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\nshort")
+                    .await;
+                // Closed with 95 bytes missing.
+            }
+        });
+        let outcome = engine()
+            .deliver(&endpoint(format!("http://{addr}/")), "evt", body("{}"), 1)
+            .await;
+        assert_eq!(outcome.result, AttemptResult::Delivered { status: 200 });
     }
 
     #[derive(Default)]

@@ -17,7 +17,7 @@ use crate::engine::{AttemptOutcome, AttemptResult, FailureClass};
 pub(crate) struct EngineMetrics {
     /// `hookline_dispatcher_attempts_total{result="delivered|failed", class="ok|<failure class>"}`.
     attempts: IntCounterVec,
-    /// Time of one attempt that went to the network: connect, headers and the kept body.
+    /// Time of one attempt that went to the network: connect, headers and the kept body (grace).
     duration: Histogram,
     /// Requests currently on the wire (holding an endpoint concurrency permit).
     pub(crate) inflight: IntGauge,

@@ -236,3 +236,94 @@ async fn dedupe_keys_are_namespaced_by_rule_and_tenant_and_numbers_are_exact() {
     running.stop().await.expect("clean stop");
 }
 
+/// An endpoint that acknowledges at once (`200` and its headers) and then trickles its body, one
+/// byte every 200 ms for `trickle`; counts the requests it got.
+async fn trickling_endpoint(
+    trickle: Duration,
+) -> (std::net::SocketAddr, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
+    use axum::body::Body;
+    use axum::routing::post;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let hits = std::sync::Arc::new(AtomicUsize::new(0));
+    let counted = hits.clone();
+    let app = axum::Router::new().route(
+        "/hook",
+        post(move || {
+            counted.fetch_add(1, Ordering::SeqCst);
+            async move {
+                let ticks = (trickle.as_millis() / 200) as usize;
+                let stream = futures::stream::unfold(0usize, move |n| async move {
+                    if n >= ticks {
+                        return None;
+                    }
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                    Some((Ok::<_, std::io::Error>(axum::body::Bytes::from_static(b".")), n + 1))
+                });
+                (axum::http::StatusCode::OK, Body::from_stream(stream))
+            }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+    (addr, hits)
+}
+
+/// Item 10: the status is the acknowledgement. An endpoint answering 200 at once and then
+/// trickling its body for 6 s, with a 1 s timeout, is delivered once: no timeout, no hand-off to
+/// the retry tier.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ok_status_with_a_slow_body_is_delivered_once_and_never_retried() {
+    require_kafka();
+    let (addr, hits) = trickling_endpoint(Duration::from_secs(6)).await;
+    let prefix = unique_prefix("slowbody");
+    let config = test_config(
+        &prefix,
+        &format!(
+            "[retry]\nschedule = [\"0s\", \"2s\"]\n\
+             [[endpoints]]\nid = \"trickle\"\nurl = \"http://{addr}/hook\"\ntimeout = \"1s\"\n"
+        ),
+    );
+    apply_topics(&config).await;
+    let p = producer();
+    produce(
+        &p,
+        &format!("{prefix}.dispatch"),
+        Some(0),
+        Some(b"slow-1"),
+        Some(br#"{"id":"slow-1","type":"x.y","data":{}}"#),
+        &[(h::EVENT_ID, "slow-1"), (h::EVENT_TYPE, "x.y"), (h::DEDUPE_KEY, "k")],
+    )
+    .await;
+    let running = start_dispatcher(&config);
+    let attempts = |result: &str| {
+        counter(
+            &running.registry,
+            "hookline_dispatcher_attempts_total",
+            Some(("result", result)),
+        )
+    };
+    let start = Instant::now();
+    while attempts("delivered") + attempts("failed") < 1.0 && start.elapsed() < Duration::from_secs(40)
+    {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let tier = read_all_quiet(
+        &format!("{prefix}.retry.2s"),
+        1,
+        Duration::from_secs(4),
+        Duration::from_secs(1),
+    );
+    assert_eq!(
+        (attempts("delivered"), attempts("failed")),
+        (1.0, 0.0),
+        "the 200 is a delivery, whatever the body does"
+    );
+    assert!(tier.is_empty(), "nothing handed to the retry tier: {} record(s)", tier.len());
+    assert_eq!(hits.load(std::sync::atomic::Ordering::SeqCst), 1, "sent once");
+    running.stop().await.expect("clean stop");
+}
