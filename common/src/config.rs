@@ -420,17 +420,20 @@ impl Config {
             path: origin.to_string(),
             message: e.message().to_string(),
         })?;
-        let (mut service_links, mut overrides): (Vec<(String, String)>, Vec<(String, String)>) =
-            env.into_iter()
-                .filter(|(k, _)| k.starts_with("HOOKLINE_") && !is_reserved_env(k))
-                .partition(|(k, _)| is_kubernetes_service_link(k));
+        let ours: Vec<(String, String)> = env
+            .into_iter()
+            .filter(|(k, _)| k.starts_with("HOOKLINE_") && !is_reserved_env(k))
+            .collect();
+        let (mut service_links, mut overrides): (Vec<_>, Vec<_>) = ours
+            .into_iter()
+            .partition(|(k, _)| is_kubernetes_service_link(k));
         overrides.sort();
         for (key, value) in overrides {
             apply_env_override(&mut root, &key, &value)?;
         }
         service_links.sort();
-        let mut config: Config =
-            serde_path_to_error::deserialize(toml::Value::Table(root)).map_err(|e| {
+        let mut config: Config = serde_path_to_error::deserialize(toml::Value::Table(root))
+            .map_err(|e| {
                 let field = e.path().to_string();
                 ConfigError::field(
                     if field == "." { "(root)".into() } else { field },
@@ -1029,7 +1032,10 @@ mod tests {
         ("HOOKLINE_ADMIN_PORT_8080_TCP_ADDR", "10.0.0.12"),
         ("HOOKLINE_DISPATCHER_SERVICE_HOST", "10.0.0.13"),
         ("HOOKLINE_DISPATCHER_PORT_9464_UDP_ADDR", "10.0.0.13"),
-        ("HOOKLINE_DISPATCHER_PORT_9464_SCTP", "sctp://10.0.0.13:9464"),
+        (
+            "HOOKLINE_DISPATCHER_PORT_9464_SCTP",
+            "sctp://10.0.0.13:9464",
+        ),
     ];
 
     #[test]

@@ -506,7 +506,10 @@ mod tests {
         assert_eq!(acme, "id|4:acme|2:e1");
         assert_ne!(acme, globex);
         assert_ne!(acme, none);
-        assert_eq!(acme, key(r#"{"id":"e1","type":"x","tenant":"acme","data":{"v":2}}"#));
+        assert_eq!(
+            acme,
+            key(r#"{"id":"e1","type":"x","tenant":"acme","data":{"v":2}}"#)
+        );
         let by_rule = |t: &str| {
             key(&format!(
                 r#"{{"id":"e","type":"email.inbound","tenant":"{t}","data":{{"messageId":"m"}}}}"#

@@ -1014,7 +1014,10 @@ mod tests {
             .await;
         let (class, status, snippet) = failed(&outcome);
         assert_eq!((class, status), (FailureClass::HttpStatus, Some(503)));
-        assert!(!snippet.is_empty() && snippet.bytes().all(|b| b == b'.'), "{snippet:?}");
+        assert!(
+            !snippet.is_empty() && snippet.bytes().all(|b| b == b'.'),
+            "{snippet:?}"
+        );
         assert!(
             outcome.duration >= BODY_GRACE && outcome.duration < BODY_GRACE * 2,
             "{:?}",

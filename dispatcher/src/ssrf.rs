@@ -48,7 +48,7 @@ const BLOCKED: &[&str] = &[
     "64:ff9b:1::/48",  // NAT64 local-use prefix (RFC 8215)
     "100::/64",        // discard-only (RFC 6666)
     "100:0:0:1::/64",  // dummy prefix (RFC 9780)
-    "2001::/23",       // IETF protocol assignments (its few anycast services are no webhook receivers)
+    "2001::/23",       // IETF protocol assignments; its few anycast services take no webhooks
     "2001::/32",       // Teredo (embeds IPv4 addresses)
     "2001:2::/48",     // benchmarking
     "2001:10::/28",    // ORCHID (deprecated)
@@ -291,7 +291,10 @@ mod tests {
         for (range, sample) in IANA_CASES {
             let expected: IpNet = range.parse().expect("range");
             let addr = ip(sample);
-            assert!(expected.contains(&addr), "bad case: {sample} is not in {range}");
+            assert!(
+                expected.contains(&addr),
+                "bad case: {sample} is not in {range}"
+            );
             match g.check_ip(addr) {
                 Err(BlockedAddress::InRange { range: got, .. }) if got == expected => {}
                 other => failures.push(format!(

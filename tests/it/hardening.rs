@@ -67,14 +67,22 @@ fn kubernetes_service_links_do_not_stop_the_process() {
         .collect();
     assert_eq!(lines.len(), 1, "one log line naming them: {stderr}");
     for (k, _) in SERVICE_LINKS {
-        assert!(lines[0].contains(k), "the log line must name {k}: {}", lines[0]);
+        assert!(
+            lines[0].contains(k),
+            "the log line must name {k}: {}",
+            lines[0]
+        );
     }
 
     let mut mistyped = SERVICE_LINKS.to_vec();
     mistyped.push(("HOOKLINE_KAFKA_BOOTSTRAP_SERVERS", "10.0.0.1:9092"));
     let bad = hookline(&["config", "check", config], &mistyped);
     let stderr = String::from_utf8_lossy(&bad.stderr);
-    assert_eq!(bad.status.code(), Some(2), "a mistyped override fails: {stderr}");
+    assert_eq!(
+        bad.status.code(),
+        Some(2),
+        "a mistyped override fails: {stderr}"
+    );
     assert!(
         stderr.contains("HOOKLINE_KAFKA__BOOTSTRAP_SERVERS"),
         "the error names the intended key: {stderr}"
@@ -136,7 +144,11 @@ async fn topics_apply_sets_min_insync_replicas_and_reports_drift() {
         }
         let (value, on_topic) = min_insync(&spec.name).await;
         assert_eq!(value, "1", "{} min.insync.replicas", spec.name);
-        assert!(on_topic, "{}: min.insync.replicas must be set by apply, not inherited", spec.name);
+        assert!(
+            on_topic,
+            "{}: min.insync.replicas must be set by apply, not inherited",
+            spec.name
+        );
     }
     let drift: Vec<String> = report.drift.iter().map(|d| d.to_string()).collect();
     assert_eq!(
@@ -158,7 +170,9 @@ async fn topics_apply_sets_min_insync_replicas_and_reports_drift() {
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert_eq!(out.status.code(), Some(3), "stdout: {stdout}");
     assert!(
-        stdout.contains(&format!("DRIFT     {dlq}: min.insync.replicas is 2 (expected 1)")),
+        stdout.contains(&format!(
+            "DRIFT     {dlq}: min.insync.replicas is 2 (expected 1)"
+        )),
         "{stdout}"
     );
 }
@@ -179,24 +193,59 @@ async fn dedupe_keys_are_namespaced_by_rule_and_tenant_and_numbers_are_exact() {
     apply_topics(&config).await;
     // (event, passes?) in produce order, all on one input partition so the first copy wins.
     let events: &[(&str, bool)] = &[
-        (r#"{"id":"a1","type":"email.inbound","data":{"messageId":"42"}}"#, true),
+        (
+            r#"{"id":"a1","type":"email.inbound","data":{"messageId":"42"}}"#,
+            true,
+        ),
         // Another rule, the same value: its own namespace.
-        (r#"{"id":"a2","type":"email.delivery.sent","data":{"deliveryId":"42"}}"#, true),
+        (
+            r#"{"id":"a2","type":"email.delivery.sent","data":{"deliveryId":"42"}}"#,
+            true,
+        ),
         // Same id, three tenants (one of them none): one tenant never suppresses another.
-        (r#"{"id":"same-1","type":"x.y","tenant":"acme","data":{}}"#, true),
-        (r#"{"id":"same-1","type":"x.y","tenant":"globex","data":{}}"#, true),
+        (
+            r#"{"id":"same-1","type":"x.y","tenant":"acme","data":{}}"#,
+            true,
+        ),
+        (
+            r#"{"id":"same-1","type":"x.y","tenant":"globex","data":{}}"#,
+            true,
+        ),
         (r#"{"id":"same-1","type":"x.y","data":{}}"#, true),
         // Integers beyond u64 that the same f64 would round together.
-        (r#"{"id":"b1","type":"order.paid","data":{"orderNo":18446744073709551617}}"#, true),
-        (r#"{"id":"b2","type":"order.paid","data":{"orderNo":18446744073709551618}}"#, true),
+        (
+            r#"{"id":"b1","type":"order.paid","data":{"orderNo":18446744073709551617}}"#,
+            true,
+        ),
+        (
+            r#"{"id":"b2","type":"order.paid","data":{"orderNo":18446744073709551618}}"#,
+            true,
+        ),
         // Copies: same rule + value, same id + tenant, same big number. Dropped.
-        (r#"{"id":"a3","type":"email.inbound","data":{"messageId":"42"}}"#, false),
-        (r#"{"id":"same-1","type":"x.y","tenant":"acme","data":{"copy":2}}"#, false),
-        (r#"{"id":"b3","type":"order.paid","data":{"orderNo":18446744073709551617}}"#, false),
+        (
+            r#"{"id":"a3","type":"email.inbound","data":{"messageId":"42"}}"#,
+            false,
+        ),
+        (
+            r#"{"id":"same-1","type":"x.y","tenant":"acme","data":{"copy":2}}"#,
+            false,
+        ),
+        (
+            r#"{"id":"b3","type":"order.paid","data":{"orderNo":18446744073709551617}}"#,
+            false,
+        ),
     ];
     let p = producer();
     for (event, _) in events {
-        produce(&p, &format!("{prefix}.events"), Some(0), None, Some(event.as_bytes()), &[]).await;
+        produce(
+            &p,
+            &format!("{prefix}.events"),
+            Some(0),
+            None,
+            Some(event.as_bytes()),
+            &[],
+        )
+        .await;
     }
     let running = start_deduper(&config);
     let passing = events.iter().filter(|(_, pass)| *pass).count();
@@ -208,7 +257,12 @@ async fn dedupe_keys_are_namespaced_by_rule_and_tenant_and_numbers_are_exact() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let dispatch = format!("{prefix}.dispatch");
-    let out = read_all_quiet(&dispatch, passing, Duration::from_secs(60), Duration::from_secs(3));
+    let out = read_all_quiet(
+        &dispatch,
+        passing,
+        Duration::from_secs(60),
+        Duration::from_secs(3),
+    );
     let mut got: BTreeMap<(String, String), usize> = BTreeMap::new();
     for m in &out {
         let id = header(m, h::EVENT_ID).expect("event id").to_string();
@@ -240,7 +294,10 @@ async fn dedupe_keys_are_namespaced_by_rule_and_tenant_and_numbers_are_exact() {
 /// byte every 200 ms for `trickle`; counts the requests it got.
 async fn trickling_endpoint(
     trickle: Duration,
-) -> (std::net::SocketAddr, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
+) -> (
+    std::net::SocketAddr,
+    std::sync::Arc<std::sync::atomic::AtomicUsize>,
+) {
     use axum::body::Body;
     use axum::routing::post;
     use std::sync::atomic::{AtomicUsize, Ordering};
@@ -257,7 +314,10 @@ async fn trickling_endpoint(
                         return None;
                     }
                     tokio::time::sleep(Duration::from_millis(200)).await;
-                    Some((Ok::<_, std::io::Error>(axum::body::Bytes::from_static(b".")), n + 1))
+                    Some((
+                        Ok::<_, std::io::Error>(axum::body::Bytes::from_static(b".")),
+                        n + 1,
+                    ))
                 });
                 (axum::http::StatusCode::OK, Body::from_stream(stream))
             }
@@ -296,7 +356,11 @@ async fn ok_status_with_a_slow_body_is_delivered_once_and_never_retried() {
         Some(0),
         Some(b"slow-1"),
         Some(br#"{"id":"slow-1","type":"x.y","data":{}}"#),
-        &[(h::EVENT_ID, "slow-1"), (h::EVENT_TYPE, "x.y"), (h::DEDUPE_KEY, "k")],
+        &[
+            (h::EVENT_ID, "slow-1"),
+            (h::EVENT_TYPE, "x.y"),
+            (h::DEDUPE_KEY, "k"),
+        ],
     )
     .await;
     let running = start_dispatcher(&config);
@@ -308,7 +372,8 @@ async fn ok_status_with_a_slow_body_is_delivered_once_and_never_retried() {
         )
     };
     let start = Instant::now();
-    while attempts("delivered") + attempts("failed") < 1.0 && start.elapsed() < Duration::from_secs(40)
+    while attempts("delivered") + attempts("failed") < 1.0
+        && start.elapsed() < Duration::from_secs(40)
     {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
@@ -323,7 +388,15 @@ async fn ok_status_with_a_slow_body_is_delivered_once_and_never_retried() {
         (1.0, 0.0),
         "the 200 is a delivery, whatever the body does"
     );
-    assert!(tier.is_empty(), "nothing handed to the retry tier: {} record(s)", tier.len());
-    assert_eq!(hits.load(std::sync::atomic::Ordering::SeqCst), 1, "sent once");
+    assert!(
+        tier.is_empty(),
+        "nothing handed to the retry tier: {} record(s)",
+        tier.len()
+    );
+    assert_eq!(
+        hits.load(std::sync::atomic::Ordering::SeqCst),
+        1,
+        "sent once"
+    );
     running.stop().await.expect("clean stop");
 }
