@@ -618,9 +618,14 @@ async fn a_paused_partition_revoked_and_assigned_back_is_resumed_and_attempted_o
     require_kafka();
     let prefix = unique_prefix("retryrb");
     let rx = Receiver::start().await;
+    // The 12s tier comes 10 s after the previous one: a record may wait up to that long (plus
+    // the clock slack) after it was written, which the rebalances below need.
     let config = test_config(
         &prefix,
-        &format!("{SCHEDULE}{}", endpoint_toml("rb", &rx.url("rb"), "")),
+        &format!(
+            "[retry]\nschedule = [\"0s\", \"2s\", \"12s\"]\n[dispatcher]\nshutdown_grace = \"5s\"\n{}",
+            endpoint_toml("rb", &rx.url("rb"), "")
+        ),
     );
     apply_topics(&config).await;
     let a = start_tiers(&config, Some(vec!["12s".into()])).await;
