@@ -217,9 +217,19 @@ async fn run_command(command: Command, config: Arc<Config>) -> anyhow::Result<Ex
         Command::Run { stage, tiers } => run_stages(stage, tiers, config)
             .await
             .map(|()| ExitCode::SUCCESS),
-        Command::Replay(args) => hookline_retry_tiers::cli::replay(config, args)
-            .await
-            .map(|()| ExitCode::SUCCESS),
+        // Exit 0 only when everything selected was delivered or already replayed; the summary's
+        // last line says why not.
+        Command::Replay(args) => {
+            hookline_retry_tiers::cli::replay(config, args)
+                .await
+                .map(|summary| {
+                    if summary.all_done() {
+                        ExitCode::SUCCESS
+                    } else {
+                        ExitCode::from(hookline_retry_tiers::replay::EXIT_NOT_ALL_DELIVERED)
+                    }
+                })
+        }
         Command::Dead { command } => hookline_retry_tiers::cli::dead(config, command)
             .await
             .map(|()| ExitCode::SUCCESS),

@@ -897,9 +897,12 @@ async fn replay_through_the_binary_sends_a_dead_delivery_once() {
         "the same replay twice sends once"
     );
 
-    // A failing replay returns to the DLQ with the new attempt and the replay key.
+    // A failing replay returns to the DLQ with the new attempt and the replay key; not
+    // everything was delivered, so it exits 4.
     let args = ["replay", "--endpoint", "ep-fail"];
-    let out = stdout_of(&run_hookline(&path, &args).await, &args);
+    let out = run_hookline(&path, &args).await;
+    assert_eq!(out.status.code(), Some(4), "a failed replay exits 4");
+    let out = String::from_utf8_lossy(&out.stdout).into_owned();
     assert!(
         out.contains(&format!(
             "result=failed class=http_status status=500 returned_to={dlq}"
