@@ -8,5 +8,6 @@ mod harness;
 mod pipeline;
 mod receiver;
 mod retry;
+mod retry_guards;
 mod topics;
 mod validation;
