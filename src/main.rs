@@ -79,13 +79,15 @@ enum ConfigCommand {
 
 #[derive(Subcommand)]
 enum TopicsCommand {
-    /// Create missing topics; report drift on existing ones (exit 3 if any).
+    /// Create missing topics; report drift on existing ones (exit 3 if any) and list orphan
+    /// retry tiers (not drift).
     Apply {
         /// Exit 0 even if existing topics drift from the plan.
         #[arg(long)]
         allow_drift: bool,
     },
-    /// Print the topic plan.
+    /// Print the topic plan, and the orphan retry tiers found on the broker (tier topics no
+    /// longer in `retry.schedule`, being drained).
     Describe,
 }
 
@@ -186,6 +188,16 @@ async fn run_command(command: Command, config: Arc<Config>) -> anyhow::Result<Ex
                     t.purpose
                 );
             }
+            // Orphan tiers need the broker; the plan above does not, so an unreachable broker
+            // only leaves them unchecked.
+            match kafka::describe_orphans(&config, Duration::from_secs(10)).await {
+                Ok(orphans) => {
+                    for o in &orphans {
+                        println!("ORPHAN    {o}");
+                    }
+                }
+                Err(e) => println!("orphan retry tiers not checked: {e:#}"),
+            }
             Ok(ExitCode::SUCCESS)
         }
         Command::Topics {
@@ -201,6 +213,10 @@ async fn run_command(command: Command, config: Arc<Config>) -> anyhow::Result<Ex
             for d in &report.drift {
                 println!("DRIFT     {d}");
             }
+            // Not drift: the schedule changed; the tier workers drain them, nothing is deleted.
+            for o in &report.orphans {
+                println!("ORPHAN    {o}");
+            }
             if !report.drift.is_empty() && !allow_drift {
                 eprintln!(
                     "{} drift(s) found; hookline never alters existing topics: fix them by hand \
@@ -214,9 +230,19 @@ async fn run_command(command: Command, config: Arc<Config>) -> anyhow::Result<Ex
         Command::Run { stage, tiers } => run_stages(stage, tiers, config)
             .await
             .map(|()| ExitCode::SUCCESS),
-        Command::Replay(args) => hookline_retry_tiers::cli::replay(config, args)
-            .await
-            .map(|()| ExitCode::SUCCESS),
+        // Exit 0 only when everything selected was delivered or already replayed; the summary's
+        // last line says why not.
+        Command::Replay(args) => {
+            hookline_retry_tiers::cli::replay(config, args)
+                .await
+                .map(|summary| {
+                    if summary.all_done() {
+                        ExitCode::SUCCESS
+                    } else {
+                        ExitCode::from(hookline_retry_tiers::replay::EXIT_NOT_ALL_DELIVERED)
+                    }
+                })
+        }
         Command::Dead { command } => hookline_retry_tiers::cli::dead(config, command)
             .await
             .map(|()| ExitCode::SUCCESS),

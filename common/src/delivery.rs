@@ -11,7 +11,7 @@
 //! | `hookline-first-attempt-ms` | unix ms of attempt 1; every due time is an offset from it |
 //! | `hookline-due-ms` | unix ms when the next attempt is due |
 //! | `hookline-history` | JSON array of past attempts (bounded, see [`MAX_HISTORY`]) |
-//! | `hookline-dead-reason` | on `<p>.dlq`: `exhausted`, `endpoint_removed`, … |
+//! | `hookline-dead-reason` | on `<p>.dlq`: `exhausted`, `endpoint_removed`, `endpoint_disabled`, `endpoint_unsubscribed` |
 //! | `hookline-dead-at-ms` | on `<p>.dlq`: when it was declared dead |
 //! | `hookline-replay-key` | on a replayed delivery: `dlq:<partition>:<offset>` |
 
@@ -60,6 +60,9 @@ pub enum DeadReason {
     EndpointRemoved,
     /// The endpoint is disabled.
     EndpointDisabled,
+    /// The endpoint no longer subscribes to the event (its tenant or event types changed
+    /// between attempts): sending would reach a receiver that did not ask for it.
+    EndpointUnsubscribed,
 }
 
 impl DeadReason {
@@ -68,6 +71,7 @@ impl DeadReason {
             DeadReason::Exhausted => "exhausted",
             DeadReason::EndpointRemoved => "endpoint_removed",
             DeadReason::EndpointDisabled => "endpoint_disabled",
+            DeadReason::EndpointUnsubscribed => "endpoint_unsubscribed",
         }
     }
     pub fn parse(s: &str) -> Option<Self> {
@@ -75,6 +79,7 @@ impl DeadReason {
             "exhausted" => Some(DeadReason::Exhausted),
             "endpoint_removed" => Some(DeadReason::EndpointRemoved),
             "endpoint_disabled" => Some(DeadReason::EndpointDisabled),
+            "endpoint_unsubscribed" => Some(DeadReason::EndpointUnsubscribed),
             _ => None,
         }
     }
@@ -270,6 +275,22 @@ mod tests {
             dead_at_ms: None,
             replay_key: None,
         }
+    }
+
+    #[test]
+    fn dead_reasons_round_trip() {
+        for r in [
+            DeadReason::Exhausted,
+            DeadReason::EndpointRemoved,
+            DeadReason::EndpointDisabled,
+            DeadReason::EndpointUnsubscribed,
+        ] {
+            assert_eq!(DeadReason::parse(r.as_str()), Some(r));
+        }
+        assert_eq!(
+            DeadReason::EndpointUnsubscribed.as_str(),
+            "endpoint_unsubscribed"
+        );
     }
 
     #[test]

@@ -17,7 +17,7 @@ use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::RDKafkaErrorCode;
 
 use crate::config::Config;
-use crate::topics::{drift, plan, Drift, TopicSpec};
+use crate::topics::{drift, orphan_tiers, plan, Drift, OrphanTier, TopicSpec};
 
 /// Base client configuration: bootstrap servers and the operator's passthrough options.
 pub fn base_config(config: &Config) -> ClientConfig {
@@ -68,6 +68,38 @@ pub struct ApplyReport {
     pub created: Vec<String>,
     pub unchanged: Vec<String>,
     pub drift: Vec<Drift>,
+    /// Retry tier topics no longer in `retry.schedule`: listed, drained by the tier workers,
+    /// never deleted or counted as drift.
+    pub orphans: Vec<OrphanStatus>,
+}
+
+/// An orphan tier and how many of its records its consumer group has not processed yet.
+#[derive(Debug)]
+pub struct OrphanStatus {
+    pub tier: OrphanTier,
+    /// Records after the group's committed offsets (all of them if it never committed), or why
+    /// that could not be read.
+    pub unprocessed: Result<i64, String>,
+}
+
+impl std::fmt::Display for OrphanStatus {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{}: tier {} is not in retry.schedule; its records are being drained by the retry tier \
+             workers (attempted when due, then moved on by the current schedule); ",
+            self.tier.topic, self.tier.name
+        )?;
+        match &self.unprocessed {
+            Ok(0) => write!(
+                f,
+                "nothing left to process: it may be deleted by hand once no process with an older \
+                 schedule writes to it"
+            ),
+            Ok(n) => write!(f, "{n} record(s) not processed yet; not deleted"),
+            Err(e) => write!(f, "unprocessed records unknown ({e}); not deleted"),
+        }
+    }
 }
 
 /// Creates every missing topic of the plan; describes the existing ones and reports drift.
@@ -151,7 +183,105 @@ pub async fn apply_topics(config: &Config, timeout: Duration) -> anyhow::Result<
             report.drift.extend(d);
         }
     }
+    report.orphans = orphan_statuses(config, existing.keys().map(String::as_str), timeout).await;
     Ok(report)
+}
+
+/// The orphan retry tiers on the broker now (see [`orphan_tiers`]).
+pub async fn find_orphan_tiers(
+    config: &Config,
+    timeout: Duration,
+) -> anyhow::Result<Vec<OrphanTier>> {
+    let names = topic_names(config, timeout).await?;
+    Ok(orphan_tiers(config, names.iter().map(String::as_str)))
+}
+
+/// `topics describe`: the orphan tiers on the broker and what is left on each.
+pub async fn describe_orphans(
+    config: &Config,
+    timeout: Duration,
+) -> anyhow::Result<Vec<OrphanStatus>> {
+    let names = topic_names(config, timeout).await?;
+    Ok(orphan_statuses(config, names.iter().map(String::as_str), timeout).await)
+}
+
+async fn orphan_statuses<'a>(
+    config: &Config,
+    existing: impl IntoIterator<Item = &'a str>,
+    timeout: Duration,
+) -> Vec<OrphanStatus> {
+    let mut out = Vec::new();
+    for tier in orphan_tiers(config, existing) {
+        let unprocessed = unprocessed_records(config, &tier, timeout)
+            .await
+            .map_err(|e| format!("{e:#}"));
+        out.push(OrphanStatus { tier, unprocessed });
+    }
+    out
+}
+
+/// Every topic name in the cluster's metadata.
+pub async fn topic_names(
+    config: &Config,
+    timeout: Duration,
+) -> anyhow::Result<std::collections::BTreeSet<String>> {
+    let client: BaseConsumer = base_config(config)
+        .create()
+        .context("creating a Kafka metadata client")?;
+    // A metadata request blocks: keep it off the async workers.
+    tokio::task::spawn_blocking(move || {
+        client.fetch_metadata(None, timeout).map(|md| {
+            md.topics()
+                .iter()
+                .map(|t| t.name().to_string())
+                .collect::<std::collections::BTreeSet<String>>()
+        })
+    })
+    .await
+    .context("metadata task")?
+    .context("fetching cluster metadata (is Kafka reachable at kafka.bootstrap_servers?)")
+}
+
+/// Records of a tier topic after its consumer group's committed offsets (from the start of the
+/// log where the group never committed). Reading committed offsets does not join the group.
+async fn unprocessed_records(
+    config: &Config,
+    tier: &OrphanTier,
+    timeout: Duration,
+) -> anyhow::Result<i64> {
+    let mut c = base_config(config);
+    c.set("group.id", config.group_id(&format!("retry.{}", tier.name)))
+        .set("enable.auto.commit", "false");
+    let consumer: BaseConsumer = c.create().context("creating an offsets client")?;
+    let topic = tier.topic.clone();
+    tokio::task::spawn_blocking(move || -> anyhow::Result<i64> {
+        let md = consumer
+            .fetch_metadata(Some(&topic), timeout)
+            .with_context(|| format!("metadata of {topic}"))?;
+        let mut tpl = rdkafka::TopicPartitionList::new();
+        for t in md.topics() {
+            for p in t.partitions() {
+                tpl.add_partition(&topic, p.id());
+            }
+        }
+        let committed = consumer
+            .committed_offsets(tpl, timeout)
+            .with_context(|| format!("committed offsets of {topic}"))?;
+        let mut total = 0;
+        for e in committed.elements() {
+            let (low, high) = consumer
+                .fetch_watermarks(&topic, e.partition(), timeout)
+                .with_context(|| format!("watermarks of {topic}[{}]", e.partition()))?;
+            let from = match e.offset() {
+                rdkafka::Offset::Offset(o) => o.max(low),
+                _ => low,
+            };
+            total += (high - from).max(0);
+        }
+        Ok(total)
+    })
+    .await
+    .context("offsets task")?
 }
 
 /// Topic name → (partitions, replication factor of partition 0).

@@ -1,4 +1,5 @@
-//! Topic names and the topic plan implied by the configuration (`hookline topics apply`).
+//! Topic names and the topic plan implied by the configuration (`hookline topics apply`), and the
+//! orphan retry tiers: `<p>.retry.<tier>` topics that exist but are no longer in `retry.schedule`.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -35,6 +36,10 @@ impl Topics {
     /// The tier whose attempts are due `offset` after the first attempt.
     pub fn retry(&self, offset: Duration) -> String {
         format!("{}.retry.{}", self.prefix, tier_name(offset))
+    }
+    /// `<p>.retry.`: every tier topic starts with it.
+    pub fn retry_prefix(&self) -> String {
+        format!("{}.retry.", self.prefix)
     }
     pub fn dlq(&self) -> String {
         format!("{}.dlq", self.prefix)
@@ -117,11 +122,19 @@ pub fn plan(config: &Config) -> Vec<TopicSpec> {
         ),
     ];
     for offset in config.retry.schedule.iter().skip(1) {
-        out.push(spec(
+        let mut tier = spec(
             t.retry(*offset),
             "retry tier: deliveries due at this offset from the first attempt",
             Some(*offset + config.topics.tier_retention_margin),
-        ));
+        );
+        // The broker's clock stamps tier records, so a tier worker can bound a due time written
+        // by a host whose clock runs fast (record timestamp + the tier's delay); with CreateTime
+        // the timestamp would come from that same fast clock.
+        tier.configs.insert(
+            "message.timestamp.type".to_string(),
+            "LogAppendTime".to_string(),
+        );
+        out.push(tier);
     }
     out.push(spec(
         t.dlq(),
@@ -137,6 +150,74 @@ pub fn plan(config: &Config) -> Vec<TopicSpec> {
         .configs
         .insert("cleanup.policy".to_string(), "compact".to_string());
     out.push(replays);
+    out
+}
+
+/// The offset from the first attempt named by a tier label (`1m`, `2h`, `3s`, `1500ms`, `2d`), when
+/// the label is exactly what [`tier_name`] gives for it (so `60s` or `foo` name no tier).
+pub fn tier_offset(label: &str) -> Option<Duration> {
+    let (digits, unit_ms) = if let Some(n) = label.strip_suffix("ms") {
+        (n, 1)
+    } else if let Some(n) = label.strip_suffix('s') {
+        (n, 1_000)
+    } else if let Some(n) = label.strip_suffix('m') {
+        (n, 60_000)
+    } else if let Some(n) = label.strip_suffix('h') {
+        (n, 3_600_000)
+    } else if let Some(n) = label.strip_suffix('d') {
+        (n, 86_400_000)
+    } else {
+        return None;
+    };
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let n: u64 = digits.parse().ok()?;
+    let offset = Duration::from_millis(n.checked_mul(unit_ms)?);
+    (!offset.is_zero() && tier_name(offset) == label).then_some(offset)
+}
+
+/// A `<p>.retry.<tier>` topic that exists on the broker but whose tier is not in the current
+/// `retry.schedule` (the schedule changed). Its records are still processed by the tier workers
+/// (attempted when due, then moved on by the current schedule); it is never deleted for you.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OrphanTier {
+    pub topic: String,
+    /// The tier name (`3m`), also its consumer group suffix (`<group_prefix>.retry.3m`).
+    pub name: String,
+    /// Its offset from the first attempt, read from the name.
+    pub offset: Duration,
+}
+
+/// The orphan tiers among `existing` topic names: `<p>.retry.<tier>` with a valid tier name that
+/// the schedule does not have. Sorted by offset.
+pub fn orphan_tiers<'a>(
+    config: &Config,
+    existing: impl IntoIterator<Item = &'a str>,
+) -> Vec<OrphanTier> {
+    let t = Topics::new(&config.topics.prefix);
+    let retry_prefix = t.retry_prefix();
+    let current: Vec<String> = config
+        .retry
+        .schedule
+        .iter()
+        .skip(1)
+        .map(|o| t.retry(*o))
+        .collect();
+    let mut out: Vec<OrphanTier> = existing
+        .into_iter()
+        .filter(|topic| !current.iter().any(|c| c == topic))
+        .filter_map(|topic| {
+            let name = topic.strip_prefix(&retry_prefix)?;
+            let offset = tier_offset(name)?;
+            Some(OrphanTier {
+                topic: topic.to_string(),
+                name: name.to_string(),
+                offset,
+            })
+        })
+        .collect();
+    out.sort_by(|a, b| a.offset.cmp(&b.offset).then(a.topic.cmp(&b.topic)));
     out
 }
 
@@ -279,6 +360,54 @@ mod tests {
         assert!(d[0]
             .to_string()
             .ends_with("min.insync.replicas is 1 (expected 2)"));
+    }
+
+    #[test]
+    fn tier_labels_parse_back_to_their_offsets() {
+        for secs in [1u64, 2, 59, 60, 90, 300, 3_600, 7_200, 86_400, 172_800] {
+            let d = Duration::from_secs(secs);
+            assert_eq!(tier_offset(&tier_name(d)), Some(d), "{}", tier_name(d));
+        }
+        assert_eq!(tier_offset("1500ms"), Some(Duration::from_millis(1_500)));
+        for bad in [
+            "", "m", "60s", "1.5m", "-1m", "0s", "1w", "foo", "5m.x", "1d", "+5m",
+        ] {
+            assert_eq!(tier_offset(bad), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn orphan_tiers_are_retry_topics_the_schedule_dropped() {
+        let c = Config::from_toml_with_env(
+            "[kafka]\nbootstrap_servers = \"x:1\"\n[topics]\nprefix = \"p\"\n[retry]\nschedule = [\"0s\", \"1m\", \"5m\"]\n",
+            "t",
+            Vec::new(),
+        )
+        .expect("config");
+        let existing = [
+            "p.retry.1m",
+            "p.retry.30m",
+            "p.retry.2m",
+            "p.retry.5m",
+            "p.retry.bogus",
+            "p.retry.30m.x",
+            "q.retry.3m",
+            "p.dlq",
+        ];
+        let orphans = orphan_tiers(&c, existing);
+        let got: Vec<(&str, &str, u64)> = orphans
+            .iter()
+            .map(|o| (o.topic.as_str(), o.name.as_str(), o.offset.as_secs()))
+            .collect();
+        assert_eq!(
+            got,
+            [("p.retry.2m", "2m", 120), ("p.retry.30m", "30m", 1_800)]
+        );
+        let tier = plan(&c)
+            .into_iter()
+            .find(|s| s.name == "p.retry.1m")
+            .expect("tier");
+        assert_eq!(tier.configs["message.timestamp.type"], "LogAppendTime");
     }
 
     #[test]

@@ -46,7 +46,10 @@ impl Endpoints {
     }
 }
 
-fn subscribes(e: &EndpointConfig, tenant: Option<&str>, event_type: &str) -> bool {
+/// Whether the endpoint, as configured now, subscribes to events of this tenant and type (its
+/// `enabled` flag aside). The one answer to this question: fan-out, every retry attempt and
+/// every replay ask it here, so a tenant or type filter changed between attempts is honoured.
+pub fn subscribes(e: &EndpointConfig, tenant: Option<&str>, event_type: &str) -> bool {
     let tenant_ok = match (&e.tenant, tenant) {
         (None, _) => true,
         (Some(want), Some(got)) => want == got,

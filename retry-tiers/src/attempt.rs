@@ -4,6 +4,11 @@
 //!
 //! - endpoint removed from the config → `<p>.dlq` with reason `endpoint_removed`, no attempt;
 //! - endpoint disabled → `<p>.dlq` with reason `endpoint_disabled`, no attempt;
+//! - endpoint no longer subscribed to the event's tenant and type (the dispatcher's fan-out
+//!   rule, asked again at every attempt) → `<p>.dlq` with reason `endpoint_unsubscribed`, no
+//!   attempt: its URL and secret may now belong to someone else;
+//! - waiting for an attempt the current schedule does not have (it was shortened) →
+//!   `<p>.dlq` with reason `exhausted`, no attempt;
 //! - a record whose delivery headers cannot be read → parked on `<p>.invalid` with the reason
 //!   `bad_delivery_record` and the source position (never dropped silently, never retried
 //!   forever). It has no endpoint or attempt number, so it cannot be a dead letter.
@@ -21,7 +26,7 @@ use hookline_common::config::Config;
 use hookline_common::delivery::{DeadReason, DeliveryMeta};
 use hookline_common::headers as h;
 use hookline_common::topics::Topics;
-use hookline_dispatcher::fanout::Endpoints;
+use hookline_dispatcher::fanout::{self, Endpoints};
 use hookline_dispatcher::handoff::{self, Hop};
 use hookline_dispatcher::Engine;
 
@@ -79,6 +84,16 @@ impl Pending {
             raw_headers,
         };
         (due_ms, pending)
+    }
+
+    /// The due time written in the record, if its metadata is readable.
+    pub(crate) fn recorded_due(&self) -> Option<i64> {
+        self.meta.as_ref().ok().map(|m| m.due_ms)
+    }
+
+    /// The attempt the record waits for, if its metadata is readable.
+    pub(crate) fn attempt(&self) -> Option<u32> {
+        self.meta.as_ref().ok().map(|m| m.attempt)
     }
 }
 
@@ -139,14 +154,18 @@ pub(crate) async fn process(
             } else {
                 DeadReason::EndpointDisabled
             };
-            handoff::mark_dead(&mut meta, reason);
-            let topic = stage.topics.dlq();
-            let headers = handoff::headers(&meta, dedupe_key);
-            produce(&stage.producer, &topic, key, Some(&value), headers).await?;
-            metrics.emit_dead(&meta, reason);
-            return Ok(());
+            return dead_letter(stage, metrics, &mut meta, reason, key, &value, dedupe_key).await;
         }
     };
+    if !fanout::subscribes(&endpoint, meta.tenant.as_deref(), &meta.event_type) {
+        let reason = DeadReason::EndpointUnsubscribed;
+        return dead_letter(stage, metrics, &mut meta, reason, key, &value, dedupe_key).await;
+    }
+    if meta.attempt as usize > stage.config.retry.schedule.len() {
+        // Written under a longer schedule: the current one allows no further attempt.
+        let reason = DeadReason::Exhausted;
+        return dead_letter(stage, metrics, &mut meta, reason, key, &value, dedupe_key).await;
+    }
 
     let attempt = meta.attempt;
     let outcome = stage
@@ -175,6 +194,24 @@ pub(crate) async fn process(
             metrics.emit_dead(&meta, DeadReason::Exhausted);
         }
     }
+    Ok(())
+}
+
+/// Ends a delivery without an attempt: `<p>.dlq` with `reason`, acknowledged before it counts.
+async fn dead_letter(
+    stage: &Stage,
+    metrics: &TierMetrics,
+    meta: &mut DeliveryMeta,
+    reason: DeadReason,
+    key: Option<&[u8]>,
+    value: &[u8],
+    dedupe_key: Option<&str>,
+) -> anyhow::Result<()> {
+    handoff::mark_dead(meta, reason);
+    let topic = stage.topics.dlq();
+    let headers = handoff::headers(meta, dedupe_key);
+    produce(&stage.producer, &topic, key, Some(value), headers).await?;
+    metrics.emit_dead(meta, reason);
     Ok(())
 }
 

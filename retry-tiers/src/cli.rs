@@ -9,7 +9,7 @@ use anyhow::bail;
 use hookline_common::config::Config;
 
 use crate::dead::{self, DeadFilter, DlqPosition, Format};
-use crate::replay::{self, ReplayOptions};
+use crate::replay::{self, ReplayOptions, ReplaySummary};
 
 /// Which dead letters: every given filter must match.
 #[derive(Debug, Clone, Default, clap::Args)]
@@ -102,8 +102,9 @@ pub enum DeadCommand {
     },
 }
 
-/// Runs `hookline replay`, printing to stdout.
-pub async fn replay(config: Arc<Config>, args: ReplayArgs) -> anyhow::Result<()> {
+/// Runs `hookline replay`, printing to stdout; returns what it did (the binary exits
+/// [`replay::EXIT_NOT_ALL_DELIVERED`] unless [`replay::ReplaySummary::all_done`]).
+pub async fn replay(config: Arc<Config>, args: ReplayArgs) -> anyhow::Result<ReplaySummary> {
     let filter = DeadFilter::from(args.filter);
     if filter.is_unrestricted() && !args.all && !args.dry_run {
         bail!(
@@ -124,7 +125,7 @@ pub async fn replay(config: Arc<Config>, args: ReplayArgs) -> anyhow::Result<()>
         concurrency: args.concurrency,
     };
     let mut stdout = std::io::stdout();
-    replay::run(config, options, &mut stdout).await.map(|_| ())
+    replay::run(config, options, &mut stdout).await
 }
 
 /// Runs `hookline dead list|show`, printing to stdout.

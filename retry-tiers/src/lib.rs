@@ -9,6 +9,8 @@
 //! - `waiting`: per-partition bookkeeping of a tier worker (held records, head barrier, pause
 //!   decisions, contiguous completed offsets), pure logic.
 //! - `attempt`: what happens to one due record (attempt, next hop, dead letter, quarantine).
+//! - `due`: when a record is due (its recorded due time, capped against a fast clock).
+//! - `orphans`: tier topics no longer in `retry.schedule`, found on the broker and drained.
 //! - [`dead`]: reading the dead-letter topic, filters, `hookline dead list/show`.
 //! - [`replay`]: `hookline replay`, idempotent by replay key (`dlq:<partition>:<offset>`) recorded
 //!   on the compacted `<p>.replays`.
@@ -19,13 +21,16 @@
 mod attempt;
 pub mod cli;
 pub mod dead;
+mod due;
 mod metrics;
+mod orphans;
 mod read;
 pub mod replay;
 mod tier;
 mod waiting;
 
 use std::collections::BTreeSet;
+use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -45,13 +50,15 @@ use hookline_dispatcher::Engine;
 pub use attempt::BAD_DELIVERY_RECORD;
 
 use crate::attempt::Stage;
+use crate::due::DueBound;
 use crate::metrics::Metrics;
 use crate::tier::Tier;
 
-/// Runs the worker of every tier of `retry.schedule` (or only the tiers named in `tiers`, e.g.
-/// `["5m"]`) until shutdown: stop fetching, let in-flight attempts finish and hand off within
-/// `dispatcher.shutdown_grace`, commit, return. The first tier to fail stops the others and its
-/// error is returned.
+/// Runs the worker of every tier of `retry.schedule` and of every orphan tier (a
+/// `<p>.retry.<tier>` topic the schedule no longer has, found at start and every minute), or only
+/// the tiers named in `tiers` (e.g. `["5m"]`, an orphan's name included), until shutdown: stop
+/// fetching, let in-flight attempts finish and hand off within `dispatcher.shutdown_grace`,
+/// commit, return. The first tier to fail stops the others and its error is returned.
 pub async fn run(
     config: Arc<Config>,
     registry: prometheus::Registry,
@@ -60,12 +67,22 @@ pub async fn run(
     tiers: Option<Vec<String>>,
 ) -> anyhow::Result<()> {
     let topics = Topics::new(&config.topics.prefix);
-    let selected = select_tiers(&config, tiers.as_deref())?;
+    let orphans = orphans::discover(&config)
+        .await
+        .context("looking for orphan retry tiers")?;
+    let named = tiers.is_some();
+    let selected = select_tiers(&config, tiers.as_deref(), &orphans)?;
     if selected.is_empty() {
-        tracing::info!("retry.schedule has a single attempt: no retry tier to run");
+        tracing::info!(
+            "retry.schedule has a single attempt and no orphan tier: no retry tier to run"
+        );
         return Ok(());
     }
-    let mut needed: Vec<String> = selected.iter().map(|t| t.topic.clone()).collect();
+    let mut needed: Vec<String> = selected
+        .iter()
+        .filter(|t| !t.orphan)
+        .map(|t| t.topic.clone())
+        .collect();
     needed.extend([topics.dlq(), topics.invalid()]);
     hookline_common::kafka::require_topics(&config, needed, hookline_common::kafka::TOPICS_WAIT)
         .await?;
@@ -101,8 +118,23 @@ pub async fn run(
         })
     };
     let mut workers = JoinSet::new();
+    let mut running = BTreeSet::new();
     for tier in selected {
-        let ready = readiness.register(&format!("retry.{}", tier.name));
+        if tier.orphan {
+            tracing::warn!(
+                tier = %tier.name,
+                topic = %tier.topic,
+                "orphan retry tier (not in retry.schedule): draining it by the current schedule"
+            );
+        }
+        // An orphan found by itself does not gate readiness (it is drained in the background);
+        // a tier named on the command line does.
+        let ready = if tier.orphan && !named {
+            Arc::new(AtomicBool::new(false))
+        } else {
+            readiness.register(&format!("retry.{}", tier.name))
+        };
+        running.insert(tier.name.clone());
         let tier_metrics = metrics.tier(&tier.name);
         workers.spawn(tier::run(
             stage.clone(),
@@ -112,18 +144,54 @@ pub async fn run(
             stop.clone(),
         ));
     }
+    let mut rescan = tokio::time::interval_at(
+        tokio::time::Instant::now() + orphans::RESCAN,
+        orphans::RESCAN,
+    );
     let mut failed = None;
-    while let Some(joined) = workers.join_next().await {
-        let result = joined
-            .map_err(|e| anyhow::anyhow!("a retry tier task panicked: {e}"))
-            .and_then(|r| r);
-        if let Err(e) = result {
-            tracing::error!(
-                error = format!("{e:#}"),
-                "retry tier failed; stopping every tier"
-            );
-            stop_all.trigger();
-            failed.get_or_insert(e);
+    loop {
+        tokio::select! {
+            joined = workers.join_next() => {
+                let Some(joined) = joined else { break };
+                let result = joined
+                    .map_err(|e| anyhow::anyhow!("a retry tier task panicked: {e}"))
+                    .and_then(|r| r);
+                if let Err(e) = result {
+                    tracing::error!(
+                        error = format!("{e:#}"),
+                        "retry tier failed; stopping every tier"
+                    );
+                    stop_all.trigger();
+                    failed.get_or_insert(e);
+                }
+            }
+            _ = rescan.tick(), if !named && !stop.is_triggered() => {
+                let found = match orphans::discover(&config).await {
+                    Ok(found) => found,
+                    Err(e) => {
+                        tracing::warn!(error = format!("{e:#}"), "looking for new orphan retry tiers failed; trying again later");
+                        continue;
+                    }
+                };
+                for tier in found {
+                    if stop.is_triggered() || !running.insert(tier.name.clone()) {
+                        continue;
+                    }
+                    tracing::warn!(
+                        tier = %tier.name,
+                        topic = %tier.topic,
+                        "new orphan retry tier (not in retry.schedule): draining it by the current schedule"
+                    );
+                    let tier_metrics = metrics.tier(&tier.name);
+                    workers.spawn(tier::run(
+                        stage.clone(),
+                        tier,
+                        tier_metrics,
+                        Arc::new(AtomicBool::new(false)),
+                        stop.clone(),
+                    ));
+                }
+            }
         }
     }
     forward.abort();
@@ -138,18 +206,26 @@ pub async fn run(
     }
 }
 
-/// The tiers of the schedule (every offset after the first), or the named subset.
-fn select_tiers(config: &Config, names: Option<&[String]>) -> anyhow::Result<Vec<Tier>> {
+/// The tiers of the schedule (every offset after the first) followed by the orphan tiers, or
+/// the named subset of both.
+fn select_tiers(
+    config: &Config,
+    names: Option<&[String]>,
+    orphans: &[Tier],
+) -> anyhow::Result<Vec<Tier>> {
     let topics = Topics::new(&config.topics.prefix);
-    let all: Vec<Tier> = config
-        .retry
-        .schedule
+    let schedule = &config.retry.schedule;
+    let all: Vec<Tier> = schedule
         .iter()
+        .enumerate()
         .skip(1)
-        .map(|offset| Tier {
+        .map(|(index, offset)| Tier {
             name: tier_name(*offset),
             topic: topics.retry(*offset),
+            bound: DueBound::of_tier(schedule, index),
+            orphan: false,
         })
+        .chain(orphans.iter().cloned())
         .collect();
     let Some(names) = names else {
         return Ok(all);
@@ -162,7 +238,7 @@ fn select_tiers(config: &Config, names: Option<&[String]>) -> anyhow::Result<Vec
         if !all.iter().any(|t| t.name == *name) {
             let known: Vec<&str> = all.iter().map(|t| t.name.as_str()).collect();
             bail!(
-                "unknown retry tier `{name}`: the tiers of retry.schedule are {}",
+                "unknown retry tier `{name}`: the tiers of retry.schedule (and orphan tier topics) are {}",
                 known.join(", ")
             );
         }
@@ -189,17 +265,29 @@ mod tests {
     #[test]
     fn every_tier_or_the_named_ones() {
         let c = config();
-        let all = select_tiers(&c, None).expect("all");
+        let orphan = Tier {
+            name: "5m".into(),
+            topic: "p.retry.5m".into(),
+            bound: DueBound::of_orphan(&c.retry.schedule, Duration::from_secs(300)),
+            orphan: true,
+        };
+        let with_orphan = select_tiers(&c, None, std::slice::from_ref(&orphan)).expect("all");
+        assert_eq!(with_orphan.len(), 3);
+        assert!(with_orphan[2].orphan);
+        assert_eq!(with_orphan[1].bound.max_delay_ms, 58_000, "1m - 2s");
+        let named = select_tiers(&c, Some(&["5m".to_string()]), &[orphan]).expect("orphan");
+        assert_eq!(named[0].topic, "p.retry.5m");
+        let all = select_tiers(&c, None, &[]).expect("all");
         let names: Vec<(&str, &str)> = all
             .iter()
             .map(|t| (t.name.as_str(), t.topic.as_str()))
             .collect();
         assert_eq!(names, [("2s", "p.retry.2s"), ("1m", "p.retry.1m")]);
-        let one = select_tiers(&c, Some(&["1m".to_string()])).expect("one");
+        let one = select_tiers(&c, Some(&["1m".to_string()]), &[]).expect("one");
         assert_eq!(one.len(), 1);
         assert_eq!(one[0].topic, "p.retry.1m");
-        let err = select_tiers(&c, Some(&["5m".to_string()])).expect_err("unknown");
+        let err = select_tiers(&c, Some(&["5m".to_string()]), &[]).expect_err("unknown");
         assert!(err.to_string().contains("2s, 1m"), "{err}");
-        assert!(select_tiers(&c, Some(&[])).is_err());
+        assert!(select_tiers(&c, Some(&[]), &[]).is_err());
     }
 }

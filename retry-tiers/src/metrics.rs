@@ -1,8 +1,12 @@
 //! Prometheus metrics of the tier workers, `hookline_retry_*`. Label values are closed sets: the
-//! tier names come from `retry.schedule`, outcomes and failure classes are fixed lists.
+//! tier names come from `retry.schedule` (and the orphan tier topics found at start), outcomes and
+//! failure classes are fixed lists.
 //!
 //! Each internal event has one `emit_…` method that logs *and* counts, so logs and metrics never
 //! drift.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 
 use prometheus::{
     Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
@@ -22,12 +26,13 @@ pub(crate) enum Outcome {
 }
 
 impl Outcome {
-    const ALL: [Outcome; 6] = [
+    const ALL: [Outcome; 7] = [
         Outcome::Delivered,
         Outcome::NextTier,
         Outcome::Dead(DeadReason::Exhausted),
         Outcome::Dead(DeadReason::EndpointRemoved),
         Outcome::Dead(DeadReason::EndpointDisabled),
+        Outcome::Dead(DeadReason::EndpointUnsubscribed),
         Outcome::Invalid,
     ];
 
@@ -38,6 +43,7 @@ impl Outcome {
             Outcome::Dead(DeadReason::Exhausted) => "dead_exhausted",
             Outcome::Dead(DeadReason::EndpointRemoved) => "dead_endpoint_removed",
             Outcome::Dead(DeadReason::EndpointDisabled) => "dead_endpoint_disabled",
+            Outcome::Dead(DeadReason::EndpointUnsubscribed) => "dead_endpoint_unsubscribed",
             Outcome::Invalid => "invalid",
         }
     }
@@ -49,6 +55,7 @@ pub(crate) struct Metrics {
     attempts: IntCounterVec,
     records: IntCounterVec,
     lateness: HistogramVec,
+    due_skew: HistogramVec,
     waiting: IntGaugeVec,
     inflight: IntGaugeVec,
     paused: IntGaugeVec,
@@ -81,6 +88,17 @@ impl Metrics {
             ]),
             &["tier"],
         )?;
+        let due_skew = HistogramVec::new(
+            HistogramOpts::new(
+                "hookline_retry_due_skew_seconds",
+                "How far a record's due time was beyond record timestamp + the tier's delay (a \
+                 producing host's clock running fast); observed for each due time capped",
+            )
+            .buckets(vec![
+                5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0, 21600.0, 86400.0,
+            ]),
+            &["tier"],
+        )?;
         let waiting = IntGaugeVec::new(
             Opts::new(
                 "hookline_retry_waiting_records",
@@ -105,6 +123,7 @@ impl Metrics {
         registry.register(Box::new(attempts.clone()))?;
         registry.register(Box::new(records.clone()))?;
         registry.register(Box::new(lateness.clone()))?;
+        registry.register(Box::new(due_skew.clone()))?;
         registry.register(Box::new(waiting.clone()))?;
         registry.register(Box::new(inflight.clone()))?;
         registry.register(Box::new(paused.clone()))?;
@@ -112,6 +131,7 @@ impl Metrics {
             attempts,
             records,
             lateness,
+            due_skew,
             waiting,
             inflight,
             paused,
@@ -139,6 +159,8 @@ impl Metrics {
                 .map(|o| (*o, self.records.with_label_values(&[tier, o.as_str()])))
                 .collect(),
             lateness: self.lateness.with_label_values(&[tier]),
+            due_skew: self.due_skew.with_label_values(&[tier]),
+            skew_warned: Arc::new(AtomicBool::new(false)),
             waiting: self.waiting.with_label_values(&[tier]),
             inflight: self.inflight.with_label_values(&[tier]),
             paused: self.paused.with_label_values(&[tier]),
@@ -153,6 +175,8 @@ pub(crate) struct TierMetrics {
     attempts: Vec<(&'static str, IntCounter)>,
     records: Vec<(Outcome, IntCounter)>,
     lateness: Histogram,
+    due_skew: Histogram,
+    skew_warned: Arc<AtomicBool>,
     pub(crate) waiting: IntGauge,
     pub(crate) inflight: IntGauge,
     pub(crate) paused: IntGauge,
@@ -185,6 +209,33 @@ impl TierMetrics {
             lateness_ms,
             "retry attempt finished"
         );
+    }
+
+    /// A record's due time was beyond what its tier allows by `skew_ms`; it is due at
+    /// `due_ms` instead.
+    pub(crate) fn emit_due_capped(&self, partition: i32, offset: i64, skew_ms: i64, due_ms: i64) {
+        self.due_skew.observe(skew_ms as f64 / 1000.0);
+        // A host with a fast clock skews every record it writes: one warning per tier worker,
+        // the rest at debug level; the histogram counts them all.
+        if !self.skew_warned.swap(true, Ordering::Relaxed) {
+            tracing::warn!(
+                tier = %self.tier,
+                partition,
+                offset,
+                skew_ms,
+                due_ms,
+                "due time later than the tier allows (a producing host's clock runs fast?); capped, further ones are logged at debug level"
+            );
+        } else {
+            tracing::debug!(
+                tier = %self.tier,
+                partition,
+                offset,
+                skew_ms,
+                due_ms,
+                "due time later than the tier allows; capped"
+            );
+        }
     }
 
     pub(crate) fn emit_delivered(&self, meta: &DeliveryMeta, attempt: u32) {

@@ -11,6 +11,15 @@
 //! a new schedule (`webhook-attempt` counts from 1 again, the history keeps the earlier attempts)
 //! and a failure goes to the first tier, then through the tiers as usual.
 //!
+//! A dead letter is replayed only to an endpoint that is configured, enabled and still subscribes
+//! to the event's tenant and type (the dispatcher's fan-out rule): an endpoint whose tenant or
+//! event types changed since may now belong to someone else. Others are skipped, counted and
+//! reported (nothing is sent, nothing is written, so a later replay can still send them).
+//!
+//! Outcome: [`ReplaySummary::all_done`] is true only when every selected dead letter was
+//! delivered or had already been replayed; the binary exits [`EXIT_NOT_ALL_DELIVERED`] otherwise,
+//! and the summary's last line says why.
+//!
 //! Idempotence: each record's replay is named by its intent, `dlq:<partition>:<offset>`. When its
 //! attempt has finished (and a failure's new record is acknowledged), the key is recorded on the
 //! compacted `<p>.replays` with the outcome as JSON. A replay first reads `<p>.replays` and skips
@@ -33,7 +42,7 @@ use hookline_common::config::{Config, EndpointConfig};
 use hookline_common::delivery::{now_ms, DeadReason, DeliveryMeta};
 use hookline_common::kafka::producer_config;
 use hookline_common::topics::Topics;
-use hookline_dispatcher::fanout::Endpoints;
+use hookline_dispatcher::fanout::{self, Endpoints};
 use hookline_dispatcher::handoff::{self, Hop};
 use hookline_dispatcher::{AttemptOutcome, AttemptResult, Engine};
 
@@ -79,8 +88,56 @@ pub struct ReplaySummary {
     pub delivered: usize,
     /// Attempted and failed: back on the DLQ (or the first tier with `--with-retries`).
     pub failed: usize,
-    /// Not attempted: unreadable metadata, or the endpoint is not configured or disabled.
+    /// Not attempted: unreadable metadata, the endpoint is not configured or disabled, or it no
+    /// longer subscribes to the event (counted in `unsubscribed` too).
     pub skipped: usize,
+    /// Skipped because the endpoint no longer subscribes to the event's tenant and type.
+    pub unsubscribed: usize,
+}
+
+/// Exit code of `hookline replay` when it ran but not every selected dead letter was delivered
+/// (or, in a dry run, would be attempted): some failed or were skipped.
+pub const EXIT_NOT_ALL_DELIVERED: u8 = 4;
+
+impl ReplaySummary {
+    /// Every selected dead letter was delivered now or replayed before (nothing selected counts
+    /// as done); in a dry run: every one would be attempted or was replayed before.
+    pub fn all_done(&self) -> bool {
+        self.failed == 0 && self.skipped == 0
+    }
+
+    /// The last line of the summary: the outcome and, when not everything was done, why.
+    pub fn verdict(&self, dry_run: bool) -> String {
+        if self.all_done() {
+            return if dry_run {
+                "result: ok (every selected dead delivery would be attempted or was already replayed)".into()
+            } else {
+                "result: ok (every selected dead delivery was delivered or already replayed)".into()
+            };
+        }
+        let mut why = Vec::new();
+        if self.failed > 0 {
+            why.push(format!(
+                "{} failed again (back on the dead-letter topic or the first tier)",
+                self.failed
+            ));
+        }
+        if self.skipped > 0 {
+            let mut skipped = format!("{} skipped", self.skipped);
+            if self.unsubscribed > 0 {
+                skipped.push_str(&format!(
+                    " ({} to an endpoint that no longer subscribes to the event)",
+                    self.unsubscribed
+                ));
+            }
+            why.push(skipped);
+        }
+        format!(
+            "result: not everything selected was {}: {}; exit code {EXIT_NOT_ALL_DELIVERED}",
+            if dry_run { "replayable" } else { "delivered" },
+            why.join(", ")
+        )
+    }
 }
 
 /// Everything a replay task needs.
@@ -180,6 +237,19 @@ pub async fn run(
                 continue;
             }
         };
+        if !fanout::subscribes(&endpoint, meta.tenant.as_deref(), &meta.event_type) {
+            summary.skipped += 1;
+            summary.unsubscribed += 1;
+            writeln!(
+                out,
+                "skipped {}: endpoint {} no longer subscribes to this event (tenant={} type={})",
+                record.position(),
+                meta.endpoint_id,
+                meta.tenant.as_deref().unwrap_or("-"),
+                meta.event_type
+            )?;
+            continue;
+        }
         let Some(replayer) = &replayer else {
             summary.would_replay += 1;
             writeln!(
@@ -218,20 +288,26 @@ pub async fn run(
     if options.dry_run {
         writeln!(
             out,
-            "dry run: {} selected, {} would be replayed, {} already replayed, {} skipped",
-            summary.selected, summary.would_replay, summary.already_replayed, summary.skipped
+            "dry run: {} selected, {} would be replayed, {} already replayed, {} skipped ({} unsubscribed)",
+            summary.selected,
+            summary.would_replay,
+            summary.already_replayed,
+            summary.skipped,
+            summary.unsubscribed
         )?;
     } else {
         writeln!(
             out,
-            "replay: {} selected, {} delivered, {} failed, {} already replayed, {} skipped",
+            "replay: {} selected, {} delivered, {} failed, {} already replayed, {} skipped ({} unsubscribed)",
             summary.selected,
             summary.delivered,
             summary.failed,
             summary.already_replayed,
-            summary.skipped
+            summary.skipped,
+            summary.unsubscribed
         )?;
     }
+    writeln!(out, "{}", summary.verdict(options.dry_run))?;
     Ok(summary)
 }
 
@@ -376,6 +452,37 @@ pub async fn finished(config: &Config) -> anyhow::Result<HashMap<String, Value>>
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_delivered_or_already_replayed_is_all_done() {
+        let done = ReplaySummary {
+            selected: 3,
+            delivered: 2,
+            already_replayed: 1,
+            ..ReplaySummary::default()
+        };
+        assert!(done.all_done());
+        assert!(done.verdict(false).starts_with("result: ok"));
+        assert!(ReplaySummary::default().all_done(), "nothing selected");
+        let failed = ReplaySummary {
+            failed: 1,
+            ..done.clone()
+        };
+        assert!(!failed.all_done());
+        assert!(failed.verdict(false).contains("1 failed again"));
+        let skipped = ReplaySummary {
+            skipped: 2,
+            unsubscribed: 1,
+            ..done
+        };
+        assert!(!skipped.all_done());
+        let v = skipped.verdict(false);
+        assert!(
+            v.contains("2 skipped (1 to an endpoint that no longer subscribes"),
+            "{v}"
+        );
+        assert!(v.ends_with("exit code 4"), "{v}");
+    }
 
     #[test]
     fn replay_keys_name_the_dlq_position() {

@@ -41,6 +41,7 @@ use hookline_common::kafka::consumer_config;
 use hookline_common::shutdown::Shutdown;
 
 use crate::attempt::{self, Pending, Source, Stage};
+use crate::due::DueBound;
 use crate::metrics::TierMetrics;
 use crate::waiting::{PartitionWaiting, LOOKAHEAD_MS};
 
@@ -56,6 +57,10 @@ const HANDOFF_DRAIN: Duration = Duration::from_secs(10);
 pub(crate) struct Tier {
     pub(crate) name: String,
     pub(crate) topic: String,
+    /// What bounds its records' due times (a fast clock) and the current schedule's length.
+    pub(crate) bound: DueBound,
+    /// Not in the current schedule: its records are drained (see `crate::orphans`).
+    pub(crate) orphan: bool,
 }
 
 /// Assignment changes seen by the rebalance callbacks, applied by the loop.
@@ -152,6 +157,8 @@ struct Received {
     partition: i32,
     offset: i64,
     due_ms: i64,
+    /// The recorded due time was beyond the tier's bound by this much (ms) and was capped.
+    capped_by_ms: Option<i64>,
     pending: Pending,
 }
 
@@ -176,7 +183,7 @@ pub(crate) async fn run(
     consumer
         .subscribe(&[&tier.topic])
         .with_context(|| format!("subscribing to {}", tier.topic))?;
-    tracing::info!(tier = %tier.name, topic = %tier.topic, "retry tier started");
+    tracing::info!(tier = %tier.name, topic = %tier.topic, orphan = tier.orphan, "retry tier started");
 
     let mut worker = Worker {
         stage,
@@ -265,6 +272,7 @@ impl Worker {
                 }
             }
             let wake_at = self.next_wake(stop_by);
+            let bound = self.tier.bound;
             let wake = tokio::select! {
                 biased;
                 _ = shutdown.wait(), if stop_by.is_none() => Wake::Stop,
@@ -274,11 +282,18 @@ impl Worker {
                 _ = tokio::time::sleep_until(wake_at) => Wake::Recheck,
                 () = self.consumer.context().changed.notified() => Wake::Recheck,
                 received = self.consumer.recv() => Wake::Received(received.map(|m| {
-                    let (due_ms, pending) = Pending::from_message(&m);
+                    let (_, pending) = Pending::from_message(&m);
+                    let due = bound.due(
+                        pending.recorded_due(),
+                        pending.attempt(),
+                        m.timestamp().to_millis(),
+                        now_ms(),
+                    );
                     Box::new(Received {
                         partition: m.partition(),
                         offset: m.offset(),
-                        due_ms,
+                        due_ms: due.due_ms,
+                        capped_by_ms: due.capped_by_ms,
                         pending,
                     })
                 })),
@@ -302,8 +317,13 @@ impl Worker {
                         partition,
                         offset,
                         due_ms,
+                        capped_by_ms,
                         pending,
                     } = *received;
+                    if let Some(skew_ms) = capped_by_ms {
+                        self.metrics
+                            .emit_due_capped(partition, offset, skew_ms, due_ms);
+                    }
                     match self.parts.get_mut(&partition) {
                         Some(part) => part.waiting.push(offset, due_ms, pending),
                         None => tracing::debug!(

@@ -9,5 +9,6 @@ mod harness;
 mod pipeline;
 mod receiver;
 mod retry;
+mod retry_guards;
 mod topics;
 mod validation;

@@ -618,9 +618,14 @@ async fn a_paused_partition_revoked_and_assigned_back_is_resumed_and_attempted_o
     require_kafka();
     let prefix = unique_prefix("retryrb");
     let rx = Receiver::start().await;
+    // The 12s tier comes 10 s after the previous one: a record may wait up to that long (plus
+    // the clock slack) after it was written, which the rebalances below need.
     let config = test_config(
         &prefix,
-        &format!("{SCHEDULE}{}", endpoint_toml("rb", &rx.url("rb"), "")),
+        &format!(
+            "[retry]\nschedule = [\"0s\", \"2s\", \"12s\"]\n[dispatcher]\nshutdown_grace = \"5s\"\n{}",
+            endpoint_toml("rb", &rx.url("rb"), "")
+        ),
     );
     apply_topics(&config).await;
     let a = start_tiers(&config, Some(vec!["12s".into()])).await;
@@ -892,9 +897,12 @@ async fn replay_through_the_binary_sends_a_dead_delivery_once() {
         "the same replay twice sends once"
     );
 
-    // A failing replay returns to the DLQ with the new attempt and the replay key.
+    // A failing replay returns to the DLQ with the new attempt and the replay key; not
+    // everything was delivered, so it exits 4.
     let args = ["replay", "--endpoint", "ep-fail"];
-    let out = stdout_of(&run_hookline(&path, &args).await, &args);
+    let out = run_hookline(&path, &args).await;
+    assert_eq!(out.status.code(), Some(4), "a failed replay exits 4");
+    let out = String::from_utf8_lossy(&out.stdout).into_owned();
     assert!(
         out.contains(&format!(
             "result=failed class=http_status status=500 returned_to={dlq}"
