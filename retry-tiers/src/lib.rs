@@ -102,15 +102,20 @@ pub async fn run(
     };
     let mut workers = JoinSet::new();
     for tier in selected {
-        let ready = readiness.register(&format!("retry.{}", tier.name));
+        let probe = readiness.register(&format!("retry.{}", tier.name));
         let tier_metrics = metrics.tier(&tier.name);
-        workers.spawn(tier::run(
+        let worker = tier::run(
             stage.clone(),
             tier,
             tier_metrics,
-            ready,
+            probe.clone(),
             stop.clone(),
-        ));
+        );
+        workers.spawn(async move {
+            let result = worker.await;
+            probe.stopped();
+            result
+        });
     }
     let mut failed = None;
     while let Some(joined) = workers.join_next().await {

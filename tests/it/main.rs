@@ -7,6 +7,7 @@ mod dispatcher;
 mod harness;
 mod pipeline;
 mod receiver;
+mod resilience;
 mod retry;
 mod topics;
 mod validation;
