@@ -263,7 +263,7 @@ async fn run_stages(stage: Stage, tiers: Vec<String>, config: Arc<Config>) -> an
     let (trigger, shutdown) = shutdown::channel();
     shutdown::on_signals(trigger.clone());
     let registry = prometheus::Registry::new();
-    let readiness = Readiness::default();
+    let readiness = Readiness::new(config.server.liveness_bound);
     let (_addr, ops_task) = ops::serve(
         config.server.listen,
         registry.clone(),

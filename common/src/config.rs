@@ -195,6 +195,10 @@ pub struct ServerConfig {
     /// Address of `/metrics`, `/healthz`, `/readyz`.
     #[serde(default = "default_listen")]
     pub listen: SocketAddr,
+    /// `/healthz` fails when a running stage's loop has not turned for this long (every loop
+    /// turns at least once a second; a single Kafka call is bounded at 30 s).
+    #[serde(default = "default_liveness_bound", with = "humantime_serde")]
+    pub liveness_bound: Duration,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -312,6 +316,9 @@ const fn default_endpoint_concurrency() -> usize {
 const fn default_drain() -> Duration {
     Duration::from_secs(20)
 }
+const fn default_liveness_bound() -> Duration {
+    crate::ops::DEFAULT_LIVENESS_BOUND
+}
 fn default_listen() -> SocketAddr {
     SocketAddr::from(([127, 0, 0, 1], 9464))
 }
@@ -375,7 +382,8 @@ default_section!(DispatcherConfig {
     shutdown_grace: default_drain(),
 });
 default_section!(ServerConfig {
-    listen: default_listen()
+    listen: default_listen(),
+    liveness_bound: default_liveness_bound(),
 });
 default_section!(LogConfig {
     format: LogFormat::Pretty,
@@ -451,6 +459,13 @@ impl Config {
             return Err(ConfigError::field(
                 "kafka.bootstrap_servers",
                 "must not be empty",
+            ));
+        }
+        // Every stage loop turns at least once a second: a shorter bound would flap.
+        if self.server.liveness_bound < Duration::from_secs(5) {
+            return Err(ConfigError::field(
+                "server.liveness_bound",
+                "must be at least 5s",
             ));
         }
         let prefix = &self.topics.prefix;

@@ -1,22 +1,30 @@
-//! Kafka client builders shared by every stage, and `topics apply`.
+//! Kafka client builders shared by every stage, `topics apply`, and the one way every stage
+//! tells a transient Kafka error (retry with backoff) from one that must stop it.
 //!
 //! Every client gets `kafka.bootstrap_servers` plus the `kafka.options` passthrough (TLS, SASL…);
 //! the stage-specific settings that correctness depends on are set here, after the passthrough,
 //! so a config file cannot silently turn them off.
+//!
+//! Transient errors: a leader election, a rolling broker restart or a coordinator moving answers
+//! "not leader", "coordinator loading", "request timed out", "all brokers down" for a few seconds.
+//! [`retry_transient`] retries such a call with capped exponential backoff and a log line per retry;
+//! any other error is returned at once, and only those stop a stage.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
 
 use std::sync::Arc;
+use std::time::Instant;
 
 use anyhow::{bail, Context as _};
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, ResourceSpecifier, TopicReplication};
-use rdkafka::client::DefaultClientContext;
+use rdkafka::client::{ClientContext, DefaultClientContext};
 use rdkafka::config::ClientConfig;
-use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::error::RDKafkaErrorCode;
+use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext, Rebalance};
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 
 use crate::config::Config;
+use crate::ops::StageProbe;
 use crate::topics::{drift, orphan_tiers, plan, Drift, OrphanTier, TopicSpec};
 
 /// Base client configuration: bootstrap servers and the operator's passthrough options.
@@ -289,10 +297,10 @@ fn existing_topics(
     admin: &AdminClient<DefaultClientContext>,
     timeout: Duration,
 ) -> anyhow::Result<BTreeMap<String, (i32, i32)>> {
-    let md = admin
-        .inner()
-        .fetch_metadata(None, timeout)
-        .context("fetching cluster metadata (is Kafka reachable at kafka.bootstrap_servers?)")?;
+    let md = retry_transient("fetching cluster metadata", || {
+        admin.inner().fetch_metadata(None, timeout)
+    })
+    .context("fetching cluster metadata (is Kafka reachable at kafka.bootstrap_servers?)")?;
     Ok(md
         .topics()
         .iter()
@@ -328,7 +336,10 @@ pub async fn require_topics(
         let c = client.clone();
         // A metadata request blocks: keep it off the async workers.
         let existing = tokio::task::spawn_blocking(move || {
-            c.fetch_metadata(None, Duration::from_secs(10)).map(|md| {
+            retry_transient("fetching cluster metadata", || {
+                c.fetch_metadata(None, Duration::from_secs(10))
+            })
+            .map(|md| {
                 md.topics()
                     .iter()
                     .filter(|t| !t.partitions().is_empty())
@@ -361,8 +372,187 @@ pub async fn require_topics(
     }
 }
 
+/// How long [`retry_transient`] keeps retrying one call: a leader election or a broker restart
+/// is over well within it; an outage longer than this stops the stage (the orchestrator restarts
+/// the process, which waits again).
+pub const TRANSIENT_RETRY_BUDGET: Duration = Duration::from_secs(120);
+/// First wait between two tries; doubled after each, up to [`TRANSIENT_BACKOFF_CAP`].
+const TRANSIENT_BACKOFF_FIRST: Duration = Duration::from_millis(100);
+const TRANSIENT_BACKOFF_CAP: Duration = Duration::from_secs(5);
+
+/// Whether a Kafka error is the cluster being briefly unable to answer (a leader or coordinator
+/// moving, a broker restarting, a request timing out) rather than a problem with the request:
+/// retrying the same call later is expected to succeed. A transactional error counts only when
+/// librdkafka says the same call may be retried (never when the transaction must be aborted, never
+/// a fatal one).
+pub fn is_transient(e: &KafkaError) -> bool {
+    if let KafkaError::Transaction(t) = e {
+        if t.is_fatal() || t.txn_requires_abort() {
+            return false;
+        }
+        if t.is_retriable() {
+            return true;
+        }
+    }
+    e.rdkafka_error_code().is_some_and(is_transient_code)
+}
+
+/// The error codes of [`is_transient`]: Kafka's retriable broker errors that mean "not now", and
+/// librdkafka's local ones for an unreachable or slow cluster.
+fn is_transient_code(code: RDKafkaErrorCode) -> bool {
+    use RDKafkaErrorCode as C;
+    matches!(
+        code,
+        C::NotLeaderForPartition
+            | C::LeaderNotAvailable
+            | C::PreferredLeaderNotAvailable
+            | C::EligibleLeadersNotAvailable
+            | C::FencedLeaderEpoch
+            | C::UnknownLeaderEpoch
+            | C::OffsetNotAvailable
+            | C::NotCoordinator
+            | C::CoordinatorLoadInProgress
+            | C::CoordinatorNotAvailable
+            | C::RequestTimedOut
+            | C::NetworkException
+            | C::NotEnoughReplicas
+            | C::NotEnoughReplicasAfterAppend
+            | C::KafkaStorageError
+            | C::UnstableOffsetCommit
+            | C::RebalanceInProgress
+            | C::BrokerTransportFailure
+            | C::AllBrokersDown
+            | C::OperationTimedOut
+            | C::TimedOutQueue
+            | C::WaitingForCoordinator
+            | C::Resolve
+            | C::Retry
+    )
+}
+
+/// Runs a blocking Kafka call, retrying it while it fails with a [transient](is_transient) error:
+/// waits 100 ms, doubling up to 5 s, for at most [`TRANSIENT_RETRY_BUDGET`], logging each retry
+/// with `op` (what the call does, e.g. `watermarks of webhooks.dedupe-state[2]`) and the error.
+/// Any other error, or a transient one past the budget, is returned.
+pub fn retry_transient<T>(
+    op: &str,
+    mut call: impl FnMut() -> Result<T, KafkaError>,
+) -> Result<T, KafkaError> {
+    let started = Instant::now();
+    let mut wait = TRANSIENT_BACKOFF_FIRST;
+    let mut retries = 0u32;
+    loop {
+        match call() {
+            Ok(v) => {
+                if retries > 0 {
+                    tracing::info!(op, retries, "kafka call succeeded after transient errors");
+                }
+                return Ok(v);
+            }
+            Err(e) if is_transient(&e) && started.elapsed() + wait < TRANSIENT_RETRY_BUDGET => {
+                retries += 1;
+                tracing::warn!(
+                    op,
+                    error = %e,
+                    retry = retries,
+                    wait_ms = wait.as_millis() as u64,
+                    "transient kafka error; retrying"
+                );
+                std::thread::sleep(wait);
+                wait = (wait * 2).min(TRANSIENT_BACKOFF_CAP);
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// The consumer context of a stage that has no rebalance logic of its own: it reports the
+/// group's assignment to the stage's readiness. Ready once the group has given this member its
+/// assignment (an empty one included: a standby member of a group with more members than
+/// partitions is healthy); not ready again when the assignment is lost (evicted, session
+/// expired) until the next one.
+pub struct AssignmentProbe {
+    probe: StageProbe,
+}
+
+impl AssignmentProbe {
+    pub fn new(probe: StageProbe) -> Self {
+        AssignmentProbe { probe }
+    }
+}
+
+impl ClientContext for AssignmentProbe {}
+
+impl ConsumerContext for AssignmentProbe {
+    fn pre_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+        if matches!(rebalance, Rebalance::Revoke(_)) && consumer.assignment_lost() {
+            self.probe.set_ready(false);
+        }
+    }
+
+    fn post_rebalance(&self, _consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+        if matches!(rebalance, Rebalance::Assign(_)) {
+            self.probe.set_ready(true);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
+    use super::*;
+
+    #[test]
+    fn leader_coordinator_timeout_and_network_errors_are_transient() {
+        for code in [
+            RDKafkaErrorCode::NotLeaderForPartition,
+            RDKafkaErrorCode::LeaderNotAvailable,
+            RDKafkaErrorCode::CoordinatorLoadInProgress,
+            RDKafkaErrorCode::CoordinatorNotAvailable,
+            RDKafkaErrorCode::NotCoordinator,
+            RDKafkaErrorCode::RequestTimedOut,
+            RDKafkaErrorCode::NetworkException,
+            RDKafkaErrorCode::AllBrokersDown,
+            RDKafkaErrorCode::BrokerTransportFailure,
+            RDKafkaErrorCode::OperationTimedOut,
+        ] {
+            assert!(is_transient(&KafkaError::MetadataFetch(code)), "{code:?}");
+        }
+        for code in [
+            RDKafkaErrorCode::UnknownTopicOrPartition,
+            RDKafkaErrorCode::TopicAuthorizationFailed,
+            RDKafkaErrorCode::MessageSizeTooLarge,
+            RDKafkaErrorCode::InvalidProducerEpoch,
+        ] {
+            assert!(!is_transient(&KafkaError::MetadataFetch(code)), "{code:?}");
+        }
+        assert!(!is_transient(&KafkaError::ClientCreation("x".into())));
+    }
+
+    #[test]
+    fn transient_errors_are_retried_others_returned_at_once() {
+        let mut calls = 0;
+        let r = retry_transient("test op", || {
+            calls += 1;
+            if calls < 3 {
+                Err(KafkaError::MetadataFetch(
+                    RDKafkaErrorCode::NotLeaderForPartition,
+                ))
+            } else {
+                Ok(calls)
+            }
+        });
+        assert_eq!(r.ok(), Some(3));
+        let mut calls = 0;
+        let r: Result<(), _> = retry_transient("test op", || {
+            calls += 1;
+            Err(KafkaError::MetadataFetch(
+                RDKafkaErrorCode::TopicAuthorizationFailed,
+            ))
+        });
+        assert!(r.is_err());
+        assert_eq!(calls, 1, "a non-transient error is not retried");
+    }
+
     /// Managed Kafka needs TLS and SASL PLAIN/SCRAM (and often OAUTHBEARER/OIDC): the linked
     /// librdkafka must have them built in, not just accept the option names.
     #[test]

@@ -17,13 +17,25 @@
 //! then reads the changelog partition to its end, skipping entries older than the window. The
 //! partition resumes when its state is installed; other partitions keep flowing meanwhile.
 //!
-//! Failure handling: retriable transactional errors retry the call; abortable ones abort, drop
-//! all uncommitted state (every partition is paused, rewound to its committed offset and
-//! restored); fatal ones (fenced) stop the stage with an error so the process exits non-zero.
-//! A watchdog exits the process if a transactional call hangs past its deadline (librdkafka can
-//! hang in `send_offsets_to_transaction` when the group coordinator is down).
+//! Failure handling: retriable transactional errors (and transient cluster errors: a leader or
+//! coordinator moving, a broker restarting) retry the call with backoff
+//! ([`hookline_common::kafka::retry_transient`]), in the transactions as in the restore;
+//! abortable ones abort, drop all uncommitted state (every partition is paused, rewound to its
+//! committed offset and restored); fatal ones (fenced) stop the stage with an error so the process
+//! exits non-zero. An error exit always aborts the open transaction, never commits it: it may hold
+//! a dispatch record whose changelog record was never sent. A watchdog exits the process if a
+//! transactional call hangs past its deadline (librdkafka can hang in `send_offsets_to_transaction`
+//! when the group coordinator is down).
+//!
+//! Startup: `<p>.dedupe-state` must have exactly as many partitions as `<p>.dedupe` (partition
+//! `n` of the changelog holds the state of input partition `n`), and `<p>.dispatch` at least as
+//! many; otherwise the stage refuses to start.
+//!
+//! Probes: ready once the group gave this member its assignment and every assigned partition is
+//! restored; unready while any is restoring, after the assignment is lost, and once stopped. The
+//! loop stamps a heartbeat on every turn.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -40,8 +52,11 @@ use rdkafka::{ClientContext, Offset, TopicPartitionList};
 
 use hookline_common::config::Config;
 use hookline_common::headers as h;
-use hookline_common::kafka::{base_config, consumer_config, producer_config};
+use hookline_common::kafka::{
+    base_config, consumer_config, producer_config, require_topics, retry_transient, TOPICS_WAIT,
+};
 use hookline_common::keyhash::key_hash;
+use hookline_common::ops::StageProbe;
 use hookline_common::shutdown::Shutdown;
 use hookline_common::topics::Topics;
 
@@ -70,17 +85,18 @@ fn unix_secs() -> u32 {
 pub async fn run(
     config: Arc<Config>,
     registry: prometheus::Registry,
-    ready: Arc<AtomicBool>,
+    probe: StageProbe,
     mut shutdown: Shutdown,
 ) -> anyhow::Result<()> {
     let metrics = DedupeMetrics::new(&registry).context("registering stage B metrics")?;
+    check_partitions(&config).await?;
     let stop = Arc::new(AtomicBool::new(false));
     let (done_tx, done_rx) = tokio::sync::oneshot::channel();
     let thread_stop = stop.clone();
     std::thread::Builder::new()
         .name("dedupe-txn".into())
         .spawn(move || {
-            let result = run_blocking(config, metrics, ready, thread_stop);
+            let result = run_blocking(config, metrics, probe, thread_stop);
             let _ = done_tx.send(result);
         })
         .context("spawning the dedupe thread")?;
@@ -95,6 +111,47 @@ pub async fn run(
     done_rx
         .await
         .unwrap_or_else(|_| Err(anyhow::anyhow!("dedupe thread died")))
+}
+
+/// Refuses to start unless `<p>.dedupe-state` has as many partitions as `<p>.dedupe` (the state
+/// of input partition `n` lives in changelog partition `n`: with fewer, a partition could not be
+/// restored nor its first sightings recorded; with more, state would be split from its input)
+/// and `<p>.dispatch` at least as many (first sightings keep their partition number).
+async fn check_partitions(config: &Config) -> anyhow::Result<()> {
+    let topics = Topics::new(&config.topics.prefix);
+    let (dedupe, state, dispatch) = (topics.dedupe(), topics.dedupe_state(), topics.dispatch());
+    let found = require_topics(
+        config,
+        vec![dedupe.clone(), state.clone(), dispatch.clone()],
+        TOPICS_WAIT,
+    )
+    .await?;
+    partition_counts_agree(&found, &dedupe, &state, &dispatch)
+}
+
+fn partition_counts_agree(
+    found: &BTreeMap<String, i32>,
+    dedupe: &str,
+    state: &str,
+    dispatch: &str,
+) -> anyhow::Result<()> {
+    let count = |t: &str| found.get(t).copied().unwrap_or(0);
+    let (n_dedupe, n_state, n_dispatch) = (count(dedupe), count(state), count(dispatch));
+    if n_state != n_dedupe {
+        bail!(
+            "{state} has {n_state} partitions but {dedupe} has {n_dedupe}: the changelog must have \
+             exactly as many partitions as the topic whose state it holds; recreate {state} with \
+             {n_dedupe} partitions (state is rebuilt from an empty changelog: keys seen before are \
+             forgotten)"
+        );
+    }
+    if n_dispatch < n_dedupe {
+        bail!(
+            "{dispatch} has {n_dispatch} partitions but {dedupe} has {n_dedupe}: first sightings \
+             keep their partition number, so {dispatch} needs at least {n_dedupe}"
+        );
+    }
+    Ok(())
 }
 
 struct StopOnDrop(Arc<AtomicBool>);
@@ -141,6 +198,13 @@ struct Core {
     txn_started: Instant,
     /// Set by a callback that hit a fatal error; the loop returns it.
     fatal: Option<anyhow::Error>,
+    /// Set once the stage is exiting with an error: the open transaction may be half-written
+    /// (a dispatch record without its changelog record), so nothing may commit it any more —
+    /// not even the revoke callback that runs while the consumer closes.
+    failed: bool,
+    /// The group gave this member an assignment (possibly empty) that it has not lost since.
+    joined: bool,
+    probe: StageProbe,
     watchdog: Arc<AtomicI64>,
     /// Partitions whose restore finished and that must be rewound and resumed by the loop.
     to_resume: Vec<(i32, Offset)>,
@@ -165,6 +229,10 @@ impl ConsumerContext for DedupeContext {
                 core.parts.remove(&el.partition());
                 core.batch.remove(&el.partition());
             }
+            if lost {
+                core.joined = false;
+            }
+            core.update_ready();
             tracing::info!(
                 partitions = ?tpl.elements().iter().map(|e| e.partition()).collect::<Vec<_>>(),
                 lost,
@@ -178,7 +246,9 @@ impl ConsumerContext for DedupeContext {
             Rebalance::Assign(tpl) => {
                 let mut core = lock(&self.core);
                 let partitions: Vec<i32> = tpl.elements().iter().map(|e| e.partition()).collect();
+                core.joined = true;
                 if partitions.is_empty() {
+                    core.update_ready();
                     return;
                 }
                 if let Err(e) = consumer.pause(tpl) {
@@ -187,6 +257,7 @@ impl ConsumerContext for DedupeContext {
                 for p in &partitions {
                     core.start_restore(*p);
                 }
+                core.update_ready();
                 tracing::info!(partitions = ?partitions, "dedupe partitions assigned, restoring state");
             }
             Rebalance::Revoke(_) => {}
@@ -200,6 +271,15 @@ fn lock(core: &Mutex<Core>) -> MutexGuard<'_, Core> {
 }
 
 impl Core {
+    /// Ready: joined, and every assigned partition restored.
+    fn update_ready(&self) {
+        let restored = self
+            .parts
+            .values()
+            .all(|s| matches!(s, PartState::Ready(_)));
+        self.probe.set_ready(self.joined && restored);
+    }
+
     fn start_restore(&mut self, partition: i32) {
         self.next_generation += 1;
         let generation = self.next_generation;
@@ -228,6 +308,7 @@ impl Core {
             .emit_restored(r.partition, r.records, r.seen.len(), r.elapsed);
         self.to_resume.push((r.partition, r.committed));
         self.parts.insert(r.partition, PartState::Ready(r.seen));
+        self.update_ready();
     }
 
     fn begin_if_needed(&mut self) -> anyhow::Result<()> {
@@ -360,6 +441,9 @@ impl Core {
         if !self.txn_open {
             return Ok(());
         }
+        if self.failed {
+            return self.abort_open();
+        }
         if owned {
             match self.try_commit(consumer) {
                 Ok(()) => {
@@ -412,25 +496,54 @@ impl Core {
             let cgm = consumer.group_metadata().ok_or_else(|| {
                 TxnFailure::Abortable(anyhow::anyhow!("consumer has no group metadata"))
             })?;
-            retry_txn(|| {
+            retry_txn("sending offsets to the dedupe transaction", || {
                 self.guarded(|p| p.send_offsets_to_transaction(&tpl, &cgm, TXN_CALL_TIMEOUT))
             })?;
         }
-        retry_txn(|| self.guarded(|p| p.commit_transaction(TXN_CALL_TIMEOUT)))
+        retry_txn("committing the dedupe transaction", || {
+            self.guarded(|p| p.commit_transaction(TXN_CALL_TIMEOUT))
+        })
+    }
+
+    /// Aborts the open transaction, if any, retrying transient errors. Its outputs are never
+    /// visible to `read_committed` readers; its input offsets stay uncommitted.
+    fn abort_open(&mut self) -> anyhow::Result<()> {
+        if self.txn_open {
+            retry_transient("aborting the dedupe transaction", || {
+                self.guarded(|p| p.abort_transaction(TXN_CALL_TIMEOUT))
+            })
+            .map_err(|e| anyhow::anyhow!("aborting the dedupe transaction failed: {e}"))?;
+            self.txn_open = false;
+            self.metrics.emit_abort();
+        }
+        self.batch.clear();
+        self.batch_records = 0;
+        Ok(())
+    }
+
+    /// The stage is exiting with an error: abort the open transaction (it may hold a dispatch
+    /// record whose changelog record was never sent) and make sure nothing commits afterwards.
+    fn abort_on_error_exit(&mut self) {
+        self.failed = true;
+        let open = self.txn_open;
+        match self.abort_open() {
+            Ok(()) if open => {
+                tracing::warn!("dedupe stage failing: open transaction aborted, nothing committed")
+            }
+            Ok(()) => {}
+            // Not committed either way: Kafka aborts it after the transaction timeout.
+            Err(e) => tracing::error!(error = %e, "dedupe stage failing: the abort failed too"),
+        }
     }
 
     /// Aborts the open transaction and drops every partition's uncommitted state: all partitions
     /// are paused, restored, then rewound to their committed offsets and resumed.
     fn abort_and_rewind(&mut self, consumer: &BaseConsumer<DedupeContext>) -> anyhow::Result<()> {
         if self.txn_open {
-            if let Err(e) = self.guarded(|p| p.abort_transaction(TXN_CALL_TIMEOUT)) {
-                bail!("aborting the dedupe transaction failed: {e}");
-            }
-            self.txn_open = false;
+            self.abort_open()?;
+        } else {
+            self.metrics.emit_abort();
         }
-        self.metrics.emit_abort();
-        self.batch.clear();
-        self.batch_records = 0;
         let assigned: Vec<i32> = self.parts.keys().copied().collect();
         let mut tpl = TopicPartitionList::new();
         for p in &assigned {
@@ -440,6 +553,7 @@ impl Core {
         for p in assigned {
             self.start_restore(p);
         }
+        self.update_ready();
         Ok(())
     }
 }
@@ -449,27 +563,15 @@ enum TxnFailure {
     Fatal(anyhow::Error),
 }
 
-/// Retries a transactional call while librdkafka says it is retriable; classifies the rest.
-fn retry_txn(mut call: impl FnMut() -> Result<(), KafkaError>) -> Result<(), TxnFailure> {
-    let mut tries = 0;
-    loop {
-        match call() {
-            Ok(()) => return Ok(()),
-            Err(KafkaError::Transaction(e)) if e.is_retriable() && tries < 10 => {
-                tries += 1;
-                tracing::debug!(error = %e, tries, "retrying transactional call");
-                std::thread::sleep(Duration::from_millis(100 * tries));
-            }
-            Err(KafkaError::Transaction(e)) if e.is_fatal() => {
-                return Err(TxnFailure::Fatal(anyhow::anyhow!(
-                    "fatal transaction error (fenced by a newer instance?): {e}"
-                )))
-            }
-            Err(KafkaError::Transaction(e)) if e.txn_requires_abort() => {
-                return Err(TxnFailure::Abortable(anyhow::anyhow!("{e}")))
-            }
-            Err(e) => return Err(TxnFailure::Abortable(anyhow::anyhow!("{e}"))),
-        }
+/// Retries a transactional call while librdkafka says it is retriable (or the cluster is briefly
+/// unavailable); classifies the rest.
+fn retry_txn(op: &str, call: impl FnMut() -> Result<(), KafkaError>) -> Result<(), TxnFailure> {
+    match retry_transient(op, call) {
+        Ok(()) => Ok(()),
+        Err(KafkaError::Transaction(e)) if e.is_fatal() => Err(TxnFailure::Fatal(anyhow::anyhow!(
+            "fatal transaction error (fenced by a newer instance?): {e}"
+        ))),
+        Err(e) => Err(TxnFailure::Abortable(anyhow::anyhow!("{e}"))),
     }
 }
 
@@ -497,7 +599,7 @@ fn transactional_id(config: &Config) -> String {
 fn run_blocking(
     config: Arc<Config>,
     metrics: DedupeMetrics,
-    ready: Arc<AtomicBool>,
+    probe: StageProbe,
     stop: Arc<AtomicBool>,
 ) -> anyhow::Result<()> {
     let topics = Topics::new(&config.topics.prefix);
@@ -514,9 +616,10 @@ fn run_blocking(
     let watchdog = Arc::new(AtomicI64::new(0));
     spawn_watchdog(watchdog.clone(), stop.clone());
     watchdog.store(hookline_common::delivery::now_ms(), Ordering::Relaxed);
-    producer
-        .init_transactions(TXN_CALL_TIMEOUT)
-        .context("initialising transactions (does the broker allow them? transaction.state.log.replication.factor)")?;
+    retry_transient("initialising transactions", || {
+        producer.init_transactions(TXN_CALL_TIMEOUT)
+    })
+    .context("initialising transactions (does the broker allow them? transaction.state.log.replication.factor)")?;
     watchdog.store(0, Ordering::Relaxed);
 
     let (restore_tx, restore_rx) = mpsc::channel();
@@ -533,6 +636,9 @@ fn run_blocking(
         txn_open: false,
         txn_started: Instant::now(),
         fatal: None,
+        failed: false,
+        joined: false,
+        probe: probe.clone(),
         watchdog,
         to_resume: Vec::new(),
     }));
@@ -546,12 +652,12 @@ fn run_blocking(
     consumer
         .subscribe(&[&dedupe_topic])
         .with_context(|| format!("subscribing to {dedupe_topic}"))?;
-    ready.store(true, Ordering::Relaxed);
     tracing::info!(topic = %dedupe_topic, window = ?config.dedupe.window, "dedupe stage started");
 
     let mut last_expire = Instant::now();
     let result = (|| -> anyhow::Result<()> {
         while !stop.load(Ordering::Relaxed) {
+            probe.beat();
             // Install finished restores, then rewind and resume those partitions.
             while let Ok(r) = restore_rx.try_recv() {
                 let r = r?;
@@ -606,7 +712,12 @@ fn run_blocking(
         let mut core = lock(&core);
         core.commit(&consumer, true)
     })();
-    // Leave the group cleanly; the revoke callback finds nothing left to commit.
+    probe.stopped();
+    if result.is_err() {
+        lock(&core).abort_on_error_exit();
+    }
+    // Leave the group cleanly; the revoke callback finds nothing left to commit (after an error,
+    // it may not commit at all).
     consumer.unsubscribe();
     drop(consumer);
     stop.store(true, Ordering::Relaxed);
@@ -661,29 +772,24 @@ fn restore(config: &Config, partition: i32, generation: u64) -> anyhow::Result<R
 
     let mut input = TopicPartitionList::new();
     input.add_partition(&topics.dedupe(), partition);
-    let deadline = Instant::now() + Duration::from_secs(120);
-    let committed = loop {
-        match consumer.committed_offsets(input.clone(), Duration::from_secs(15)) {
-            Ok(tpl) => {
-                break tpl
-                    .find_partition(&topics.dedupe(), partition)
-                    .map(|e| e.offset())
-                    .unwrap_or(Offset::Invalid)
-            }
-            Err(e) if Instant::now() < deadline => {
-                tracing::debug!(partition, error = %e, "committed offsets not stable yet; retrying");
-                std::thread::sleep(Duration::from_millis(200));
-            }
-            Err(e) => bail!("reading committed offsets of dedupe partition {partition}: {e}"),
-        }
-    };
+    // Not stable yet (a transaction is pending: `UnstableOffsetCommit`), or the coordinator is
+    // moving: transient, retried.
+    let committed = retry_transient(
+        &format!("committed offset of dedupe partition {partition}"),
+        || consumer.committed_offsets(input.clone(), Duration::from_secs(15)),
+    )
+    .with_context(|| format!("reading committed offsets of dedupe partition {partition}"))?
+    .find_partition(&topics.dedupe(), partition)
+    .map(|e| e.offset())
+    .unwrap_or(Offset::Invalid);
 
     let window = config.dedupe.window.as_secs().max(1);
     let mut seen = SeenSet::new(window);
     let state_topic = topics.dedupe_state();
-    let (low, high) = consumer
-        .fetch_watermarks(&state_topic, partition, Duration::from_secs(15))
-        .with_context(|| format!("watermarks of {state_topic}[{partition}]"))?;
+    let (low, high) = retry_transient(&format!("watermarks of {state_topic}[{partition}]"), || {
+        consumer.fetch_watermarks(&state_topic, partition, Duration::from_secs(15))
+    })
+    .with_context(|| format!("watermarks of {state_topic}[{partition}]"))?;
     let mut records = 0u64;
     if high > low {
         let mut tpl = TopicPartitionList::new();

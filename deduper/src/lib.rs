@@ -26,10 +26,30 @@ pub async fn run(
     readiness: Readiness,
     shutdown: Shutdown,
 ) -> anyhow::Result<()> {
-    let ready_a = readiness.register(validate::STAGE);
-    let ready_b = readiness.register(dedupe::STAGE);
-    let a = validate::run(config.clone(), registry.clone(), ready_a, shutdown.clone());
-    let b = dedupe::run(config, registry, ready_b, shutdown);
+    let probe_a = readiness.register(validate::STAGE);
+    let probe_b = readiness.register(dedupe::STAGE);
+    let a = async {
+        let result = validate::run(
+            config.clone(),
+            registry.clone(),
+            probe_a.clone(),
+            shutdown.clone(),
+        )
+        .await;
+        probe_a.stopped();
+        result
+    };
+    let b = async {
+        let result = dedupe::run(
+            config.clone(),
+            registry.clone(),
+            probe_b.clone(),
+            shutdown.clone(),
+        )
+        .await;
+        probe_b.stopped();
+        result
+    };
     // Either failing stops both: the process exits non-zero and is restarted.
     tokio::try_join!(a, b).map(|_| ())
 }

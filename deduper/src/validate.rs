@@ -5,7 +5,6 @@
 //! in the order records were received (so the stored offset is always a contiguous prefix).
 //! A crash re-sends at most the unacknowledged tail; stage B collapses those copies.
 
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -21,8 +20,9 @@ use rdkafka::TopicPartitionList;
 use hookline_common::config::Config;
 use hookline_common::envelope::Validator;
 use hookline_common::headers as h;
-use hookline_common::kafka::{consumer_config, producer_config};
+use hookline_common::kafka::{consumer_config, producer_config, AssignmentProbe};
 use hookline_common::keyhash::{key_hash, partition_for};
+use hookline_common::ops::StageProbe;
 use hookline_common::shutdown::Shutdown;
 use hookline_common::topics::Topics;
 
@@ -39,14 +39,15 @@ pub const STAGE: &str = "deduper.validate";
 pub async fn run(
     config: Arc<Config>,
     registry: prometheus::Registry,
-    ready: Arc<AtomicBool>,
+    probe: StageProbe,
     mut shutdown: Shutdown,
 ) -> anyhow::Result<()> {
     let topics = Topics::new(&config.topics.prefix);
     let metrics = ValidateMetrics::new(&registry).context("registering stage A metrics")?;
     let validator = Validator::new(&config.input, &config.dedupe.keys);
-    let consumer: StreamConsumer = consumer_config(&config, STAGE)
-        .create()
+    // Ready once the group assigned this member its partitions (see `AssignmentProbe`).
+    let consumer: StreamConsumer<AssignmentProbe> = consumer_config(&config, STAGE)
+        .create_with_context(AssignmentProbe::new(probe.clone()))
         .context("creating the stage A consumer")?;
     let producer: FutureProducer = producer_config(&config)
         .create()
@@ -59,15 +60,18 @@ pub async fn run(
     consumer
         .subscribe(&[&events_topic])
         .with_context(|| format!("subscribing to {events_topic}"))?;
-    ready.store(true, Ordering::Relaxed);
     tracing::info!(topic = %events_topic, "validation stage started");
 
     let mut pending: FuturesOrdered<_> = FuturesOrdered::new();
+    // The loop turns at least once a second, so its heartbeat means "not stuck" even when idle.
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
     loop {
+        probe.beat();
         let can_read = pending.len() < MAX_IN_FLIGHT;
         tokio::select! {
             biased;
             _ = shutdown.wait() => break,
+            _ = tick.tick() => {}
             Some((partition, offset, result)) = pending.next(), if !pending.is_empty() => {
                 finish(&consumer, &events_topic, partition, offset, result)?;
             }
@@ -174,7 +178,7 @@ async fn enqueue(
 
 /// Stores the offset of a record whose output Kafka acknowledged; fails on a lost output.
 fn finish(
-    consumer: &StreamConsumer,
+    consumer: &StreamConsumer<AssignmentProbe>,
     topic: &str,
     partition: i32,
     offset: i64,

@@ -61,6 +61,7 @@ use hookline_common::config::{Config, EndpointConfig};
 use hookline_common::delivery::DeliveryMeta;
 use hookline_common::headers as h;
 use hookline_common::kafka::{consumer_config, producer_config};
+use hookline_common::ops::StageProbe;
 use hookline_common::progress::Progress;
 use hookline_common::shutdown::Shutdown;
 use hookline_common::topics::Topics;
@@ -106,7 +107,7 @@ const CLOSE_TIMEOUT: Duration = Duration::from_secs(15);
 pub async fn run(
     config: Arc<Config>,
     registry: prometheus::Registry,
-    ready: Arc<AtomicBool>,
+    probe: StageProbe,
     mut shutdown: Shutdown,
 ) -> anyhow::Result<()> {
     let topics = Topics::new(&config.topics.prefix);
@@ -125,6 +126,7 @@ pub async fn run(
     let context = DispatchContext {
         partitions: partitions.clone(),
         revoke_wait: config.dispatcher.shutdown_grace.min(REVOKE_WAIT_CAP),
+        probe: probe.clone(),
     };
     let consumer: StreamConsumer<DispatchContext> = consumer_config(&config, STAGE)
         .create_with_context(context)
@@ -163,7 +165,6 @@ pub async fn run(
         fatal: fatal_tx,
         cutoff: cutoff_rx,
     });
-    ready.store(true, Ordering::Relaxed);
     info!(
         topic = %dispatch_topic,
         endpoints = dispatcher.endpoints.len(),
@@ -173,7 +174,14 @@ pub async fn run(
 
     let mut tasks: JoinSet<()> = JoinSet::new();
     let result = async {
-        consume(&dispatcher, &mut tasks, &mut fatal_rx, &mut shutdown).await?;
+        consume(
+            &dispatcher,
+            &probe,
+            &mut tasks,
+            &mut fatal_rx,
+            &mut shutdown,
+        )
+        .await?;
         drain(&config, &dispatcher, &mut tasks, &mut fatal_rx, &cutoff_tx).await
     }
     .await;
@@ -193,6 +201,7 @@ pub async fn run(
 /// The consumer loop: reads records and spawns their deliveries until shutdown.
 async fn consume(
     d: &Arc<Dispatcher>,
+    probe: &StageProbe,
     tasks: &mut JoinSet<()>,
     fatal: &mut mpsc::UnboundedReceiver<anyhow::Error>,
     shutdown: &mut Shutdown,
@@ -202,7 +211,10 @@ async fn consume(
     let mut stalled: Option<(i32, tokio::time::Instant)> = None;
     // Reading time each partition held up since it was last paused.
     let mut spent: HashMap<i32, Duration> = HashMap::new();
+    // The loop turns at least once a second, so its heartbeat means "not stuck" even when idle.
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
     loop {
+        probe.beat();
         let stall_over = async {
             match stalled {
                 Some((_, since)) => tokio::time::sleep_until(since + FULL_STALL).await,
@@ -214,6 +226,7 @@ async fn consume(
             _ = shutdown.wait() => return Ok(()),
             Some(err) = fatal.recv() => return Err(err),
             Some(joined) = tasks.join_next(), if !tasks.is_empty() => reap(joined)?,
+            _ = tick.tick() => {}
             () = d.partitions.room.notified() => {
                 for held in d.partitions.release_held(&d.consumer) {
                     // Taken in order; one that finds the window full again is held again.
@@ -885,6 +898,9 @@ impl Partitions {
 struct DispatchContext {
     partitions: Arc<Partitions>,
     revoke_wait: Duration,
+    /// Ready once the group gave this member its assignment (an empty one too: a standby);
+    /// unready when the assignment is lost.
+    probe: StageProbe,
 }
 
 impl ClientContext for DispatchContext {}
@@ -900,6 +916,7 @@ impl ConsumerContext for DispatchContext {
 
     fn post_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
         if let Rebalance::Assign(tpl) = rebalance {
+            self.probe.set_ready(true);
             let ids = self.partitions.ids(tpl);
             if ids.is_empty() {
                 return;
@@ -924,6 +941,9 @@ impl DispatchContext {
             return;
         }
         let lost = consumer.assignment_lost();
+        if lost {
+            self.probe.set_ready(false);
+        }
         let wait = if lost || !can_block_here() {
             Duration::ZERO
         } else {
@@ -979,6 +999,7 @@ mod tests {
             .create_with_context(DispatchContext {
                 partitions,
                 revoke_wait: Duration::ZERO,
+                probe: StageProbe::detached("test"),
             })
             .expect("consumer")
     }

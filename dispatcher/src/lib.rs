@@ -39,6 +39,8 @@ pub async fn run(
     readiness: Readiness,
     shutdown: Shutdown,
 ) -> anyhow::Result<()> {
-    let ready = readiness.register(consumer::STAGE);
-    consumer::run(config, registry, ready, shutdown).await
+    let probe = readiness.register(consumer::STAGE);
+    let result = consumer::run(config, registry, probe.clone(), shutdown).await;
+    probe.stopped();
+    result
 }

@@ -30,7 +30,6 @@ mod tier;
 mod waiting;
 
 use std::collections::BTreeSet;
-use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -41,7 +40,7 @@ use tokio::task::JoinSet;
 
 use hookline_common::config::{tier_name, Config};
 use hookline_common::kafka::producer_config;
-use hookline_common::ops::Readiness;
+use hookline_common::ops::{Readiness, StageProbe};
 use hookline_common::shutdown::{self, Shutdown};
 use hookline_common::topics::Topics;
 use hookline_dispatcher::fanout::Endpoints;
@@ -129,20 +128,26 @@ pub async fn run(
         }
         // An orphan found by itself does not gate readiness (it is drained in the background);
         // a tier named on the command line does.
-        let ready = if tier.orphan && !named {
-            Arc::new(AtomicBool::new(false))
+        let name = format!("retry.{}", tier.name);
+        let probe = if tier.orphan && !named {
+            StageProbe::detached(&name)
         } else {
-            readiness.register(&format!("retry.{}", tier.name))
+            readiness.register(&name)
         };
         running.insert(tier.name.clone());
         let tier_metrics = metrics.tier(&tier.name);
-        workers.spawn(tier::run(
+        let worker = tier::run(
             stage.clone(),
             tier,
             tier_metrics,
-            ready,
+            probe.clone(),
             stop.clone(),
-        ));
+        );
+        workers.spawn(async move {
+            let result = worker.await;
+            probe.stopped();
+            result
+        });
     }
     let mut rescan = tokio::time::interval_at(
         tokio::time::Instant::now() + orphans::RESCAN,
@@ -183,11 +188,12 @@ pub async fn run(
                         "new orphan retry tier (not in retry.schedule): draining it by the current schedule"
                     );
                     let tier_metrics = metrics.tier(&tier.name);
+                    let probe = StageProbe::detached(&format!("retry.{}", tier.name));
                     workers.spawn(tier::run(
                         stage.clone(),
                         tier,
                         tier_metrics,
-                        Arc::new(AtomicBool::new(false)),
+                        probe,
                         stop.clone(),
                     ));
                 }

@@ -20,7 +20,6 @@
 //! at least once).
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -38,6 +37,7 @@ use tokio::time::Instant;
 
 use hookline_common::delivery::now_ms;
 use hookline_common::kafka::consumer_config;
+use hookline_common::ops::StageProbe;
 use hookline_common::shutdown::Shutdown;
 
 use crate::attempt::{self, Pending, Source, Stage};
@@ -77,6 +77,8 @@ struct TierContext {
     changes: Mutex<Vec<Rebalanced>>,
     /// Wakes the loop to apply `changes` (the callback itself does not end `recv()`).
     changed: Notify,
+    /// Made unready at once when the assignment is lost (ready again on the next assignment).
+    probe: StageProbe,
 }
 
 impl TierContext {
@@ -103,8 +105,11 @@ fn partitions(tpl: &TopicPartitionList) -> Vec<i32> {
 impl ClientContext for TierContext {}
 
 impl ConsumerContext for TierContext {
-    fn pre_rebalance(&self, _consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+    fn pre_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
         if let Rebalance::Revoke(tpl) = rebalance {
+            if consumer.assignment_lost() {
+                self.probe.set_ready(false);
+            }
             self.record(Rebalanced::Revoked(partitions(tpl)));
         }
     }
@@ -167,7 +172,7 @@ pub(crate) async fn run(
     stage: Arc<Stage>,
     tier: Tier,
     metrics: TierMetrics,
-    ready: Arc<AtomicBool>,
+    ready: StageProbe,
     shutdown: Shutdown,
 ) -> anyhow::Result<()> {
     let config = stage.config.clone();
@@ -175,6 +180,7 @@ pub(crate) async fn run(
         tier: tier.name.clone(),
         changes: Mutex::new(Vec::new()),
         changed: Notify::new(),
+        probe: ready.clone(),
     };
     let consumer: StreamConsumer<TierContext> =
         consumer_config(&config, &format!("retry.{}", tier.name))
@@ -238,13 +244,15 @@ struct Worker {
     tasks: JoinSet<Done>,
     /// Set when the shutdown grace is over: attempts still running are cut short, handed off.
     cutoff: watch::Sender<bool>,
-    ready: Arc<AtomicBool>,
+    /// Ready from the first assignment (an empty one too: a standby); heartbeat per loop turn.
+    ready: StageProbe,
 }
 
 impl Worker {
     async fn run(&mut self, mut shutdown: Shutdown, grace: Duration) -> anyhow::Result<()> {
         let mut stop_by: Option<Instant> = None;
         loop {
+            self.ready.beat();
             if stop_by.is_none() {
                 self.start_due();
             }
@@ -438,7 +446,7 @@ impl Worker {
                         );
                     }
                     tracing::info!(tier = %self.tier.name, partitions = ?list, "partitions assigned");
-                    self.ready.store(true, Ordering::Relaxed);
+                    self.ready.set_ready(true);
                 }
                 Rebalanced::Revoked(list) => {
                     for &partition in &list {

@@ -8,6 +8,7 @@ mod hardening;
 mod harness;
 mod pipeline;
 mod receiver;
+mod resilience;
 mod retry;
 mod retry_guards;
 mod topics;
