@@ -19,9 +19,9 @@ use hookline_common::topics::Topics;
 use crate::lag::LagWatch;
 use crate::ledger::{self, Expect, StageCounts};
 use crate::load::{self, Planned};
-use crate::report::{Latency, RunResult, StageCpu};
+use crate::report::{Latency, MachineCpu, RunResult, StageCpu};
 use crate::sink::Sink;
-use crate::stages::{Stages, STAGES};
+use crate::stages::{cpu_seconds, machine_busy_seconds, Stages, STAGES};
 
 /// What a run sends and what it expects.
 pub struct RunSpec {
@@ -79,7 +79,9 @@ async fn counters(stages: &Stages) -> anyhow::Result<Counters> {
 pub async fn run(ctx: &mut Ctx<'_>, spec: &RunSpec) -> anyhow::Result<RunResult> {
     ctx.stages.check_alive()?;
     ctx.lag.take_max();
+    let run_start = Instant::now();
     let cpu0 = ctx.stages.cpu_seconds()?;
+    let (bench0, machine0) = (cpu_seconds(std::process::id())?, machine_busy_seconds()?);
     let c0 = counters(ctx.stages).await?;
     let planned_dups_invalid = spec
         .plan
@@ -152,6 +154,8 @@ pub async fn run(ctx: &mut Ctx<'_>, spec: &RunSpec) -> anyhow::Result<RunResult>
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
     let cpu1 = ctx.stages.cpu_seconds()?;
+    let run_wall = run_start.elapsed();
+    let (bench1, machine1) = (cpu_seconds(std::process::id())?, machine_busy_seconds()?);
     let c1 = counters(ctx.stages).await?;
     let dead_letters = {
         let (config, tag) = (ctx.config.clone(), spec.tag.clone());
@@ -207,6 +211,12 @@ pub async fn run(ctx: &mut Ctx<'_>, spec: &RunSpec) -> anyhow::Result<RunResult>
     } else {
         0.0
     };
+    // An open-model run kept up when the deliveries came at (nearly) the rate they were due:
+    // whole-run figures include the last events' latency, hence the 10% margin.
+    let kept_up = spec.rate.map(|r| {
+        let due_per_s = r * deliveries as f64 / produced.records.max(1) as f64;
+        rate_over(&receipts) >= 0.9 * due_per_s
+    });
     let healthy_per_s = spec.exclude_from_healthy.map(|h| {
         let healthy: Vec<_> = receipts.iter().copied().filter(|r| r.2 != h).collect();
         rate_over(&healthy)
@@ -265,6 +275,19 @@ pub async fn run(ctx: &mut Ctx<'_>, spec: &RunSpec) -> anyhow::Result<RunResult>
         cpu,
         max_lag: ctx.lag.take_max().into_iter().collect::<BTreeMap<_, _>>(),
         producer_max_behind_ms: produced.max_behind.as_secs_f64() * 1e3,
+        kept_up,
+        machine_cpu: {
+            let stages: f64 = cpu1.iter().sum::<f64>() - cpu0.iter().sum::<f64>();
+            let busy = machine1 - machine0;
+            let bench = bench1 - bench0;
+            MachineCpu {
+                wall_s: run_wall.as_secs_f64(),
+                busy_s: busy,
+                stages_s: stages,
+                bench_s: bench,
+                rest_s: (busy - stages - bench).max(0.0),
+            }
+        },
         ledger,
     })
 }

@@ -55,7 +55,21 @@ pub struct RunResult {
     pub cpu: Vec<StageCpu>,
     pub max_lag: BTreeMap<String, i64>,
     pub producer_max_behind_ms: f64,
+    /// Open-model runs: whether deliveries kept pace with the schedule (≥ 90% of the due rate).
+    pub kept_up: Option<bool>,
+    pub machine_cpu: MachineCpu,
     pub ledger: Ledger,
+}
+
+/// Where the machine's CPU went during a run (core-seconds). `rest` is the broker plus anyone
+/// else on the box: on a shared machine it says how noisy the run was.
+#[derive(Debug, Clone, Serialize, Default)]
+pub struct MachineCpu {
+    pub wall_s: f64,
+    pub busy_s: f64,
+    pub stages_s: f64,
+    pub bench_s: f64,
+    pub rest_s: f64,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -189,7 +203,11 @@ impl Report {
             "max lag",
         );
         for r in &self.runs {
-            let target = r.target_rate.map(num).unwrap_or_else(|| "max".into());
+            let target = match (r.target_rate, r.kept_up) {
+                (Some(t), Some(false)) => format!("{}!", num(t)),
+                (Some(t), _) => num(t),
+                (None, _) => "max".into(),
+            };
             if !r.ledger.balanced {
                 let _ = writeln!(
                     t,
@@ -215,6 +233,31 @@ impl Report {
                 num(r.latency.p99_ms),
                 num(r.latency.p999_ms),
                 lag
+            );
+        }
+        if self.runs.iter().any(|r| r.kept_up == Some(false)) {
+            let _ = writeln!(
+                t,
+                "  ! deliveries fell behind the schedule: the rate is above what was sustainable"
+            );
+        }
+        let _ = writeln!(
+            t,
+            "\nmachine CPU per run, core-seconds (wall x {} cores available): busy = stages + bench (sink, producer) + rest (broker, other users)",
+            self.machine.cores
+        );
+        for r in &self.runs {
+            let c = &r.machine_cpu;
+            let _ = writeln!(
+                t,
+                "  {:<9} wall {:>6} s  busy {:>7} of {:>7}  stages {:>7}  bench {:>6}  rest {:>6}",
+                r.name,
+                num(c.wall_s),
+                num(c.busy_s),
+                num(c.wall_s * self.machine.cores as f64),
+                num(c.stages_s),
+                num(c.bench_s),
+                num(c.rest_s)
             );
         }
         let _ = writeln!(

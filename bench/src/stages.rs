@@ -219,6 +219,31 @@ fn parse_cpu_ticks(stat: &str) -> Option<u64> {
     Some(utime + stime)
 }
 
+/// CPU seconds the whole machine spent busy so far, over all cores (`/proc/stat`: every state
+/// but idle and iowait). Set against the stages' and the bench's own, it shows how much went to
+/// the broker and to whoever else shares the box.
+pub fn machine_busy_seconds() -> anyhow::Result<f64> {
+    let stat = std::fs::read_to_string("/proc/stat").context("reading /proc/stat")?;
+    let line = stat
+        .lines()
+        .find(|l| l.starts_with("cpu "))
+        .context("no cpu line in /proc/stat")?;
+    let v: Vec<u64> = line
+        .split_whitespace()
+        .skip(1)
+        .filter_map(|x| x.parse().ok())
+        .collect();
+    // user nice system idle iowait irq softirq steal (guest time is inside user already).
+    let busy: u64 = v
+        .iter()
+        .take(8)
+        .enumerate()
+        .filter(|(i, _)| *i != 3 && *i != 4)
+        .map(|(_, x)| x)
+        .sum();
+    Ok(busy as f64 / clock_ticks())
+}
+
 /// VmHWM (peak RSS) of a process in bytes.
 pub fn peak_rss(pid: u32) -> anyhow::Result<u64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status"))
@@ -288,6 +313,7 @@ mod tests {
 
     #[test]
     fn reads_this_process() {
+        assert!(machine_busy_seconds().expect("machine") > 0.0);
         let pid = std::process::id();
         assert!(cpu_seconds(pid).expect("cpu") >= 0.0);
         assert!(peak_rss(pid).expect("rss") > 0);
