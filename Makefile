@@ -1,11 +1,16 @@
-# The two commands of the README.
-.PHONY: run test kafka-start kafka-stop
+# The commands of the README.
+.PHONY: run test bench kafka-start kafka-stop
 
 run:   ## local Kafka + the whole pipeline in one process
 	bash scripts/run-local.sh
 
 test:  ## fmt, clippy, unit and integration tests against a real local Kafka
 	bash scripts/test.sh
+
+bench: ## end-to-end benchmark against the local Kafka (release build); BENCH_ARGS="--events 20000" etc.
+	deploy/local/kafka start
+	cargo build --release --bin hookline
+	cargo run --release -p hookline-bench -- $(BENCH_ARGS)
 
 kafka-start:
 	deploy/local/kafka start

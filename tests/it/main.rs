@@ -1,6 +1,7 @@
 //! Integration tests against a real Kafka broker. One binary (fast to link), one module per
 //! concern; every test uses its own topic prefix so they run in parallel.
 
+mod bench;
 mod dedupe;
 mod demo;
 mod dispatcher;

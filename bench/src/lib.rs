@@ -1,0 +1,321 @@
+//! `hookline-bench`: the end-to-end benchmark. Drives the real `hookline` binary (one process per
+//! stage) against a local Kafka and a local HTTP sink and reports every pipeline figure as a ratio
+//! to ceilings measured in the same run, because the machines are shared and absolute numbers
+//! drift. One run, in order:
+//!
+//! 1. HTTP ceiling and Kafka ceiling ([`ceilings`]), before the stages start;
+//! 2. the stages start ([`stages`]) with a config written for the run (short retry schedule so
+//!    failures reach the DLQ within the run; the sink's loopback address allowed);
+//! 3. pipeline runs ([`phases`]): the max rate (as fast as possible), then open-model runs at 50%
+//!    and 90% of it for latency;
+//! 4. isolation: 100 endpoints, once all healthy and once with one hanging until its timeout;
+//! 5. every run balances its [`ledger`] or prints INVALID;
+//! 6. the [`report`]: a table, a JSON file under `target/bench/`, the ratios.
+//!
+//! Modules: [`options`] (CLI), [`sink`] (the HTTP sink), [`load`] (the event mix and the
+//! open-model producer), [`lag`] (consumer lag sampling).
+
+pub mod ceilings;
+pub mod lag;
+pub mod ledger;
+pub mod load;
+pub mod options;
+pub mod phases;
+pub mod report;
+pub mod sink;
+pub mod stages;
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use indicatif::{MultiProgress, ProgressBar};
+use rdkafka::admin::{AdminClient, AdminOptions};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::producer::FutureProducer;
+
+use hookline_common::config::Config;
+use hookline_common::kafka::{apply_topics, base_config, producer_config};
+use hookline_common::secret::decode_secret;
+use hookline_common::topics::{self, Topics};
+
+pub use options::Options;
+use report::{Machine, Ratios, Report};
+
+/// The endpoints' signing secret (any valid `whsec_`; the sink does not verify).
+const SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
+/// Sink endpoint index of isolation endpoint `iso-0` (`iso-j` is `ISO_BASE + j`).
+const ISO_BASE: u16 = 100;
+const ISO_ENDPOINTS: u16 = 100;
+/// The retry schedule of the bench: failures reach the DLQ within seconds.
+const SCHEDULE: &str = r#"["0s", "1s", "2s"]"#;
+
+/// Runs the whole benchmark and returns its report (also printed and written as JSON).
+pub async fn run(opts: Options) -> anyhow::Result<Report> {
+    let opts = opts.resolved();
+    opts.validate()?;
+    let machine = Machine::read();
+    let date = humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string();
+    let prefix = format!(
+        "bench-{:x}-{}",
+        (sink::unix_ns() / 1_000_000) & 0xff_ffff,
+        std::process::id()
+    );
+    let dir = opts.out_dir.join(&prefix);
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    let sink = sink::Sink::start().await?;
+    let config_text = stage_config(&opts, &prefix, &sink);
+    let config_path = dir.join("hookline.toml");
+    std::fs::write(&config_path, &config_text)?;
+    let config = Config::from_toml_with_env(&config_text, "bench config", Vec::new())
+        .context("the bench's stage config")?;
+    let report = apply_topics(&config, Duration::from_secs(30)).await?;
+    anyhow::ensure!(report.drift.is_empty(), "topic drift: {:?}", report.drift);
+
+    let progress = MultiProgress::new();
+    let mix = load::Mix {
+        duplicate_ratio: opts.duplicate_ratio,
+        failing_fraction: opts.failing_fraction,
+        invalid_fraction: opts.invalid_fraction,
+        payload_bytes: opts.payload_bytes,
+    };
+    let main_plan = load::plan("max", opts.events, 1, &mix, 1);
+
+    // 1. Ceilings, on a box where the stages are not running yet.
+    let spinner = progress.add(ProgressBar::new_spinner());
+    spinner.enable_steady_tick(Duration::from_millis(200));
+    spinner.set_message("HTTP ceiling");
+    let keys = vec![decode_secret(SECRET).map_err(anyhow::Error::msg)?];
+    let http = ceilings::http(
+        &sink.url("e/0"),
+        &keys,
+        opts.events,
+        opts.ceiling_concurrency(),
+        opts.payload_bytes,
+    )
+    .await?;
+    spinner.set_message("Kafka ceiling");
+    let ceiling_topic = format!("{prefix}.kafka-ceiling");
+    let kafka = ceilings::kafka(&config, &ceiling_topic, &main_plan, opts.payload_bytes).await?;
+    spinner.set_message("starting the stages");
+
+    // 2. The stages.
+    let mut stages = stages::Stages::spawn(&opts.hookline, &config_path, &dir)?;
+    stages.wait_ready(Duration::from_secs(120)).await?;
+    spinner.finish_and_clear();
+    let t = Topics::new(&prefix);
+    let hops = vec![
+        lag::Hop {
+            group: config.group_id("deduper.validate"),
+            topic: t.events(),
+        },
+        lag::Hop {
+            group: config.group_id("deduper.dedupe"),
+            topic: t.dedupe(),
+        },
+        lag::Hop {
+            group: config.group_id("dispatcher"),
+            topic: t.dispatch(),
+        },
+    ];
+    let lag = lag::LagWatch::start(&config, hops, opts.partitions)?;
+    let producer: FutureProducer = producer_config(&config).create()?;
+    let mut ctx = phases::Ctx {
+        config: &config,
+        producer: &producer,
+        sink: &sink,
+        stages: &mut stages,
+        lag: &lag,
+        progress: &progress,
+        settle_within: Duration::from_secs(if opts.smoke { 45 } else { 180 })
+            + opts.hang_timeout * 3,
+    };
+
+    // 3. Pipeline: max rate, then latency at 50% and 90% of it.
+    let k = opts.endpoints_per_event;
+    let main_expect = move |r: &load::Planned| match r {
+        load::Planned::Fresh { failing, .. } => ledger::Expect {
+            healthy: (0..k).collect(),
+            dead: usize::from(*failing),
+        },
+        _ => ledger::Expect::default(),
+    };
+    let main_spec =
+        |name: &str, tag: &str, plan: Vec<load::Planned>, rate: Option<f64>| phases::RunSpec {
+            name: name.into(),
+            tag: tag.into(),
+            plan,
+            tenants: vec!["main".into()],
+            rate,
+            payload_bytes: opts.payload_bytes,
+            expect: Box::new(main_expect),
+            exclude_from_healthy: None,
+        };
+    let mut runs = Vec::new();
+    let max = phases::run(&mut ctx, &main_spec("max", "max", main_plan, None)).await?;
+    // The input rate (records/s) the pipeline sustained.
+    let max_rate = if max.deliveries > 0 && max.sustained_per_s > 0.0 {
+        max.sustained_per_s * max.produced as f64 / max.deliveries as f64
+    } else {
+        100.0
+    };
+    runs.push(max);
+    for (name, tag, share, seed) in [("lat-50%", "l50", 0.5, 2), ("lat-90%", "l90", 0.9, 3)] {
+        let rate = max_rate * share;
+        let n = ((rate * opts.latency_duration.as_secs_f64()) as usize).max(100);
+        let plan = load::plan(tag, n, 1, &mix, seed);
+        runs.push(phases::run(&mut ctx, &main_spec(name, tag, plan, Some(rate))).await?);
+    }
+
+    // 4. Isolation: one event per endpoint round-robin over 100 endpoints, `iso-0` hanging or not.
+    let iso_mix = load::Mix {
+        failing_fraction: 0.0,
+        ..mix.clone()
+    };
+    let tenants: Vec<String> = (0..ISO_ENDPOINTS).map(|j| format!("iso-{j}")).collect();
+    for (name, tag, hanging, seed) in [("iso-base", "ib", false, 4), ("iso-hang", "ih", true, 5)] {
+        sink.set_hanging(hanging);
+        let expect = move |r: &load::Planned| match r {
+            load::Planned::Fresh { tenant, .. } if hanging && *tenant == 0 => ledger::Expect {
+                healthy: vec![],
+                dead: 1,
+            },
+            load::Planned::Fresh { tenant, .. } => ledger::Expect {
+                healthy: vec![ISO_BASE + *tenant as u16],
+                dead: 0,
+            },
+            _ => ledger::Expect::default(),
+        };
+        let spec = phases::RunSpec {
+            name: name.into(),
+            tag: tag.into(),
+            plan: load::plan(
+                tag,
+                opts.isolation_events,
+                usize::from(ISO_ENDPOINTS),
+                &iso_mix,
+                seed,
+            ),
+            tenants: tenants.clone(),
+            rate: None,
+            payload_bytes: opts.payload_bytes,
+            expect: Box::new(expect),
+            exclude_from_healthy: Some(ISO_BASE),
+        };
+        runs.push(phases::run(&mut ctx, &spec).await?);
+    }
+    sink.set_hanging(false);
+
+    // Peak RSS before the processes go away, then a graceful stop.
+    let peak_rss: BTreeMap<String, u64> = stages::STAGES
+        .iter()
+        .map(|s| s.to_string())
+        .zip(stages.peak_rss()?)
+        .collect();
+    stages.stop(Duration::from_secs(40)).await?;
+    drop(lag);
+    if !opts.keep_topics {
+        delete_topics(&config, &ceiling_topic).await;
+    }
+
+    let by_name = |n: &str| runs.iter().find(|r| r.name == n);
+    let healthy = |n: &str| by_name(n).and_then(|r| r.healthy_per_s);
+    let pipeline = runs.first().map(|r| r.sustained_per_s);
+    let ratios = Ratios {
+        pipeline_over_http: pipeline.map(|p| p / http.per_s),
+        pipeline_over_kafka: pipeline.map(|p| p / kafka.per_s),
+        isolation: match (healthy("iso-hang"), healthy("iso-base")) {
+            (Some(h), Some(b)) if b > 0.0 => Some(h / b),
+            _ => None,
+        },
+    };
+    let valid = runs.iter().all(|r| r.ledger.balanced);
+    let redelivered = sink.book().redelivered;
+    let mut report = Report {
+        date,
+        command_line: std::env::args().collect::<Vec<_>>().join(" "),
+        machine,
+        options: opts.clone(),
+        prefix: prefix.clone(),
+        http_ceiling: http,
+        kafka_ceiling: kafka,
+        runs,
+        ratios,
+        peak_rss,
+        redelivered,
+        valid,
+        json_path: None,
+    };
+    let json_path = opts.out_dir.join(format!("{prefix}.json"));
+    report.json_path = Some(json_path.clone());
+    std::fs::write(&json_path, serde_json::to_vec_pretty(&report)?)
+        .with_context(|| format!("writing {}", json_path.display()))?;
+    Ok(report)
+}
+
+/// The config every stage process runs with (`server.listen` is set per process).
+fn stage_config(opts: &Options, prefix: &str, sink: &sink::Sink) -> String {
+    let mut t = format!(
+        "[kafka]\nbootstrap_servers = \"{bs}\"\n\n[topics]\nprefix = \"{prefix}\"\npartitions = {p}\n\n\
+         [server]\nlisten = \"127.0.0.1:0\"\n\n\
+         # The sink is on loopback, which the SSRF guard blocks unless allowed.\n\
+         [http]\nallow_cidrs = [\"127.0.0.0/8\"]\n\n\
+         # Short schedule: failing deliveries reach the DLQ within the run.\n\
+         [retry]\nschedule = {SCHEDULE}\n\n[log]\nlevel = \"info\"\n",
+        bs = opts.bootstrap,
+        p = opts.partitions,
+    );
+    let mut endpoint = |id: &str,
+                        path: &str,
+                        tenant: &str,
+                        types: &str,
+                        timeout: Option<Duration>| {
+        let _ = write!(
+            t,
+            "\n[[endpoints]]\nid = \"{id}\"\nurl = \"{}\"\nsecrets = [\"{SECRET}\"]\ntenant = \"{tenant}\"\nevent_types = [\"{types}\"]\n",
+            sink.url(path)
+        );
+        if let Some(d) = timeout {
+            let _ = writeln!(t, "timeout = \"{}ms\"", d.as_millis());
+        }
+    };
+    for i in 0..opts.endpoints_per_event {
+        endpoint(
+            &format!("main-{i}"),
+            &format!("e/{i}"),
+            "main",
+            "bench.*",
+            None,
+        );
+    }
+    endpoint("main-fail", "fail/0", "main", load::FAIL_TYPE, None);
+    for j in 0..ISO_ENDPOINTS {
+        let path = if j == 0 {
+            format!("hang/{ISO_BASE}")
+        } else {
+            format!("e/{}", ISO_BASE + j)
+        };
+        let tenant = format!("iso-{j}");
+        endpoint(
+            &format!("iso-{j}"),
+            &path,
+            &tenant,
+            "bench.*",
+            Some(opts.hang_timeout),
+        );
+    }
+    t
+}
+
+/// Removes the run's topics (best effort: a leftover topic only costs disk on a local broker).
+async fn delete_topics(config: &Config, ceiling_topic: &str) {
+    let Ok(admin) = base_config(config).create::<AdminClient<DefaultClientContext>>() else {
+        return;
+    };
+    let mut names: Vec<String> = topics::plan(config).into_iter().map(|t| t.name).collect();
+    names.push(ceiling_topic.to_string());
+    let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+    let opts = AdminOptions::new().operation_timeout(Some(Duration::from_secs(30)));
+    let _ = admin.delete_topics(&refs, &opts).await;
+}

@@ -1,0 +1,343 @@
+//! What a benchmark run reports: the JSON document (written under `target/bench/`) and the table
+//! printed at the end. A run whose ledger does not balance prints INVALID in place of its numbers,
+//! and the ratios built on it print INVALID too.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::path::PathBuf;
+
+use serde::Serialize;
+
+use crate::ceilings::{HttpCeiling, KafkaCeiling};
+use crate::ledger::Ledger;
+use crate::options::Options;
+
+#[derive(Debug, Clone, Serialize, Default)]
+pub struct Latency {
+    pub samples: u64,
+    pub p50_ms: f64,
+    pub p99_ms: f64,
+    pub p999_ms: f64,
+    pub max_ms: f64,
+}
+
+/// CPU one stage used during a run.
+#[derive(Debug, Clone, Serialize)]
+pub struct StageCpu {
+    pub stage: String,
+    pub cpu_s: f64,
+    /// Per delivery (the deduper: per produced record), in µs.
+    pub us_per_unit: f64,
+    /// CPU seconds per 1,000 deliveries (the deduper: per 1,000 produced records).
+    pub cpu_s_per_1000: f64,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct RunResult {
+    pub name: String,
+    /// Records/s the producer was scheduled at (None: as fast as possible).
+    pub target_rate: Option<f64>,
+    pub produced: u64,
+    /// Healthy deliveries booked by the sink.
+    pub deliveries: u64,
+    /// From the first scheduled send to the last healthy receipt.
+    pub elapsed_s: f64,
+    /// Deliveries/s over the whole run: first scheduled send to last healthy receipt. The
+    /// headline figure (ratios and the latency runs' rates derive from it): it includes start-up
+    /// and tail, so it never flatters.
+    pub sustained_per_s: f64,
+    /// Deliveries/s between the 10th and the 90th percentile receipt. Bursty on small runs
+    /// (a committed transaction releases a batch at once): indicative only.
+    pub steady_per_s: f64,
+    /// Isolation runs: deliveries/s to every endpoint but the hanging one, whole run.
+    pub healthy_per_s: Option<f64>,
+    pub latency: Latency,
+    pub cpu: Vec<StageCpu>,
+    pub max_lag: BTreeMap<String, i64>,
+    pub producer_max_behind_ms: f64,
+    /// Open-model runs: whether deliveries kept pace with the schedule (≥ 90% of the due rate).
+    pub kept_up: Option<bool>,
+    pub machine_cpu: MachineCpu,
+    pub ledger: Ledger,
+}
+
+/// Where the machine's CPU went during a run (core-seconds). `rest` is the broker plus anyone
+/// else on the box: on a shared machine it says how noisy the run was.
+#[derive(Debug, Clone, Serialize, Default)]
+pub struct MachineCpu {
+    pub wall_s: f64,
+    pub busy_s: f64,
+    pub stages_s: f64,
+    pub bench_s: f64,
+    pub rest_s: f64,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Machine {
+    pub cores: usize,
+    pub cpu_model: String,
+    pub mem_total: String,
+    pub kernel: String,
+    pub loadavg_at_start: String,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Ratios {
+    pub pipeline_over_http: Option<f64>,
+    pub pipeline_over_kafka: Option<f64>,
+    /// Healthy deliveries/s with 1 of 100 endpoints hanging, over the same without.
+    pub isolation: Option<f64>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Report {
+    pub date: String,
+    pub command_line: String,
+    pub machine: Machine,
+    pub options: Options,
+    pub prefix: String,
+    pub http_ceiling: HttpCeiling,
+    pub kafka_ceiling: KafkaCeiling,
+    pub runs: Vec<RunResult>,
+    pub ratios: Ratios,
+    /// VmHWM of each stage process at the end, bytes.
+    pub peak_rss: BTreeMap<String, u64>,
+    /// (id, endpoint) pairs the sink received more than once (at-least-once re-sends).
+    pub redelivered: u64,
+    /// True when every run's ledger balanced.
+    pub valid: bool,
+    pub json_path: Option<PathBuf>,
+}
+
+impl Machine {
+    pub fn read() -> Machine {
+        let read = |p: &str| std::fs::read_to_string(p).unwrap_or_default();
+        let cpuinfo = read("/proc/cpuinfo");
+        let meminfo = read("/proc/meminfo");
+        Machine {
+            cores: std::thread::available_parallelism()
+                .map(|n| n.get())
+                .unwrap_or(1),
+            cpu_model: cpuinfo
+                .lines()
+                .find_map(|l| l.strip_prefix("model name"))
+                .map(|v| v.trim_start_matches([' ', '\t', ':']).to_string())
+                .unwrap_or_default(),
+            mem_total: meminfo
+                .lines()
+                .find_map(|l| l.strip_prefix("MemTotal:"))
+                .map(|v| v.trim().to_string())
+                .unwrap_or_default(),
+            kernel: read("/proc/sys/kernel/osrelease").trim().to_string(),
+            loadavg_at_start: read("/proc/loadavg").trim().to_string(),
+        }
+    }
+}
+
+fn num(v: f64) -> String {
+    if v >= 100.0 {
+        let s = format!("{:.0}", v);
+        // Thousands separators for readability.
+        let mut out = String::new();
+        for (i, c) in s.chars().enumerate() {
+            if i > 0 && (s.len() - i) % 3 == 0 {
+                out.push(',');
+            }
+            out.push(c);
+        }
+        out
+    } else if v >= 10.0 {
+        format!("{v:.1}")
+    } else {
+        format!("{v:.2}")
+    }
+}
+
+fn ratio(v: Option<f64>, valid: bool) -> String {
+    match (v, valid) {
+        (_, false) => "INVALID".into(),
+        (Some(r), true) => format!("{r:.2}"),
+        (None, true) => "-".into(),
+    }
+}
+
+impl Report {
+    /// The table printed at the end of a run.
+    pub fn table(&self) -> String {
+        let mut t = String::new();
+        let m = &self.machine;
+        let _ = writeln!(
+            t,
+            "hookline-bench {}  prefix {}  {} cores ({})  load at start: {}",
+            self.date, self.prefix, m.cores, m.cpu_model, m.loadavg_at_start
+        );
+        let h = &self.http_ceiling;
+        let _ = writeln!(
+            t,
+            "HTTP ceiling : {} POST/s  ({} requests, concurrency {}, client+sink {} µs CPU/request)",
+            num(h.per_s),
+            h.requests,
+            h.concurrency,
+            num(h.bench_cpu_us_per_request)
+        );
+        let k = &self.kafka_ceiling;
+        let _ = writeln!(
+            t,
+            "Kafka ceiling: {} records/s  (produce + consume, {} records, {} partitions)",
+            num(k.per_s),
+            k.records,
+            self.options.partitions
+        );
+        let _ = writeln!(
+            t,
+            "\n{:<9} {:>9} {:>8} {:>8} {:>10} {:>10} {:>8} {:>8} {:>8} {:>8}  ledger",
+            "run",
+            "target/s",
+            "produced",
+            "deliv.",
+            "sust. d/s",
+            "healthy/s",
+            "p50 ms",
+            "p99 ms",
+            "p99.9 ms",
+            "max lag",
+        );
+        for r in &self.runs {
+            let target = match (r.target_rate, r.kept_up) {
+                (Some(t), Some(false)) => format!("{}!", num(t)),
+                (Some(t), _) => num(t),
+                (None, _) => "max".into(),
+            };
+            if !r.ledger.balanced {
+                let _ = writeln!(
+                    t,
+                    "{:<9} {:>9} {:>8} INVALID: {}",
+                    r.name,
+                    target,
+                    r.produced,
+                    r.ledger.problems.join("; ")
+                );
+                continue;
+            }
+            let lag = r.max_lag.values().copied().max().unwrap_or(0);
+            let _ = writeln!(
+                t,
+                "{:<9} {:>9} {:>8} {:>8} {:>10} {:>10} {:>8} {:>8} {:>8} {:>8}  ok",
+                r.name,
+                target,
+                r.produced,
+                r.deliveries,
+                num(r.sustained_per_s),
+                r.healthy_per_s.map(num).unwrap_or_else(|| "-".into()),
+                num(r.latency.p50_ms),
+                num(r.latency.p99_ms),
+                num(r.latency.p999_ms),
+                lag
+            );
+        }
+        if self.runs.iter().any(|r| r.kept_up == Some(false)) {
+            let _ = writeln!(
+                t,
+                "  ! deliveries fell behind the schedule: the rate is above what was sustainable"
+            );
+        }
+        let _ = writeln!(
+            t,
+            "\nmachine CPU per run, core-seconds (wall x {} cores available): busy = stages + bench (sink, producer) + rest (broker, other users)",
+            self.machine.cores
+        );
+        for r in &self.runs {
+            let c = &r.machine_cpu;
+            let _ = writeln!(
+                t,
+                "  {:<9} wall {:>6} s  busy {:>7} of {:>7}  stages {:>7}  bench {:>6}  rest {:>6}",
+                r.name,
+                num(c.wall_s),
+                num(c.busy_s),
+                num(c.wall_s * self.machine.cores as f64),
+                num(c.stages_s),
+                num(c.bench_s),
+                num(c.rest_s)
+            );
+        }
+        let _ = writeln!(
+            t,
+            "\nper stage CPU (deduper per produced record, others per delivery), peak RSS:"
+        );
+        let _ = write!(t, "{:<12} {:>8}", "stage", "RSS MiB");
+        for r in &self.runs {
+            let _ = write!(t, " {:>16}", format!("{} µs", r.name));
+        }
+        let _ = writeln!(t);
+        for (i, stage) in crate::stages::STAGES.iter().enumerate() {
+            let rss = self.peak_rss.get(*stage).copied().unwrap_or(0) as f64 / 1048576.0;
+            let _ = write!(t, "{:<12} {:>8}", stage, num(rss));
+            for r in &self.runs {
+                let cell = match (r.ledger.balanced, r.cpu.get(i)) {
+                    (true, Some(c)) => num(c.us_per_unit),
+                    (false, _) => "INVALID".into(),
+                    (true, None) => "-".into(),
+                };
+                let _ = write!(t, " {cell:>16}");
+            }
+            let _ = writeln!(t);
+        }
+        let max_valid = self.runs.first().is_some_and(|r| r.ledger.balanced);
+        let iso_valid = self
+            .runs
+            .iter()
+            .filter(|r| r.name.starts_with("iso"))
+            .all(|r| r.ledger.balanced);
+        let _ = writeln!(
+            t,
+            "\npipeline / HTTP ceiling : {}\npipeline / Kafka ceiling: {}\nisolation (99 healthy endpoints, 1 hanging vs none): {}",
+            ratio(self.ratios.pipeline_over_http, max_valid),
+            ratio(self.ratios.pipeline_over_kafka, max_valid),
+            ratio(self.ratios.isolation, iso_valid)
+        );
+        let _ = writeln!(
+            t,
+            "\nledger: produced = delivered + deduplicated + dead + invalid"
+        );
+        for r in &self.runs {
+            let l = &r.ledger;
+            let _ = writeln!(
+                t,
+                "  {:<9} {} = {} + {} + {} + {}  {}",
+                r.name,
+                l.produced,
+                l.delivered,
+                l.deduplicated,
+                l.dead,
+                l.invalid,
+                if l.balanced { "balanced" } else { "INVALID" }
+            );
+        }
+        if self.redelivered > 0 {
+            let _ = writeln!(
+                t,
+                "  the sink received {} (event, endpoint) pairs more than once",
+                self.redelivered
+            );
+        }
+        if let Some(p) = &self.json_path {
+            let _ = writeln!(t, "\nJSON: {}", p.display());
+        }
+        t
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn numbers_read_well() {
+        assert_eq!(num(1234567.4), "1,234,567");
+        assert_eq!(num(123.0), "123");
+        assert_eq!(num(12.34), "12.3");
+        assert_eq!(num(1.234), "1.23");
+        assert_eq!(ratio(Some(0.456), true), "0.46");
+        assert_eq!(ratio(Some(0.456), false), "INVALID");
+    }
+}

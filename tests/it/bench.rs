@@ -1,0 +1,78 @@
+//! The benchmark harness's smoke run (`hookline-bench --smoke`) as part of the test command: the
+//! real `hookline` binary (the debug build this suite already has), one process per stage, the
+//! real broker. It checks that every run's ledger balances and that every number comes out —
+//! never a speed: this box is shared and the suite runs tests in parallel.
+
+use crate::harness::*;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn smoke_run_balances_every_ledger_and_reports_every_number() {
+    require_kafka();
+    let out = std::env::temp_dir().join(unique_prefix("bench"));
+    let opts = <hookline_bench::Options as clap::Parser>::try_parse_from([
+        "hookline-bench",
+        "--smoke",
+        "--bootstrap",
+        &bootstrap(),
+        "--hookline",
+        env!("CARGO_BIN_EXE_hookline"),
+        "--out-dir",
+        out.to_str().expect("utf-8 temp dir"),
+    ])
+    .expect("smoke options parse");
+    let report = hookline_bench::run(opts).await.expect("smoke run");
+    let table = report.table();
+
+    assert!(report.valid, "a ledger did not balance:\n{table}");
+    let names: Vec<&str> = report.runs.iter().map(|r| r.name.as_str()).collect();
+    assert_eq!(
+        names,
+        ["max", "lat-50%", "lat-90%", "iso-base", "iso-hang"],
+        "{table}"
+    );
+    for r in &report.runs {
+        let l = &r.ledger;
+        assert!(l.balanced, "{}: {:?}", r.name, l.problems);
+        assert_eq!(
+            l.produced,
+            l.delivered + l.deduplicated + l.dead + l.invalid
+        );
+        assert!(l.deduplicated > 0 && l.delivered > 0, "{}: {l:?}", r.name);
+        assert!(r.deliveries > 0 && r.sustained_per_s > 0.0, "{}", r.name);
+        assert!(r.latency.samples > 0 && r.latency.p99_ms >= r.latency.p50_ms);
+        assert!(r.latency.p999_ms >= r.latency.p99_ms, "{}", r.name);
+        assert_eq!(r.cpu.len(), 3, "{}", r.name);
+        assert!(r.cpu.iter().all(|c| c.cpu_s >= 0.0), "{}", r.name);
+    }
+    // The mix: the max run sends failing events (dead letters), the hanging endpoint's
+    // deliveries end dead, and the latency runs are scheduled (open model).
+    assert!(report.runs[0].ledger.dead > 0, "{table}");
+    assert!(report.runs[4].ledger.dead > 0, "{table}");
+    assert_eq!(report.runs[3].ledger.dead, 0, "{table}");
+    assert!(report.runs[1].target_rate.is_some() && report.runs[2].target_rate.is_some());
+    assert!(report.runs[0].cpu.iter().any(|c| c.cpu_s > 0.0), "{table}");
+
+    assert!(report.http_ceiling.per_s > 0.0 && report.kafka_ceiling.per_s > 0.0);
+    for r in [
+        report.ratios.pipeline_over_http,
+        report.ratios.pipeline_over_kafka,
+        report.ratios.isolation,
+    ] {
+        assert!(r.is_some_and(|r| r > 0.0), "{table}");
+    }
+    for stage in ["deduper", "dispatcher", "retry-tiers"] {
+        assert!(
+            report.peak_rss.get(stage).is_some_and(|b| *b > 0),
+            "{stage}"
+        );
+    }
+
+    // The JSON file holds the same report; the table prints the ledger of every run.
+    let path = report.json_path.as_ref().expect("json written");
+    let json: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(path).expect("read json")).expect("json");
+    assert_eq!(json["valid"], true);
+    assert_eq!(json["runs"].as_array().map(Vec::len), Some(5));
+    assert!(table.contains("pipeline / HTTP ceiling") && !table.contains("INVALID"));
+    let _ = std::fs::remove_dir_all(&out);
+}
