@@ -8,6 +8,7 @@
 //! | `hookline-endpoint-id` | the one endpoint this delivery is for |
 //! | `hookline-event-id`, `hookline-event-type`, `hookline-tenant` | from the envelope |
 //! | `hookline-attempt` | number of the next attempt (1-based; 2 on the first tier) |
+//! | `hookline-deferrals` | schedule slots skipped without an attempt because the endpoint was saturated (absent = 0) |
 //! | `hookline-first-attempt-ms` | unix ms of attempt 1; every due time is an offset from it |
 //! | `hookline-due-ms` | unix ms when the next attempt is due |
 //! | `hookline-history` | JSON array of past attempts (bounded, see [`MAX_HISTORY`]) |
@@ -21,12 +22,17 @@ use crate::headers as h;
 
 pub const ENDPOINT_ID: &str = "hookline-endpoint-id";
 pub const ATTEMPT: &str = "hookline-attempt";
+pub const DEFERRALS: &str = "hookline-deferrals";
 pub const FIRST_ATTEMPT_MS: &str = "hookline-first-attempt-ms";
 pub const DUE_MS: &str = "hookline-due-ms";
 pub const HISTORY: &str = "hookline-history";
 pub const DEAD_REASON: &str = "hookline-dead-reason";
 pub const DEAD_AT_MS: &str = "hookline-dead-at-ms";
 pub const REPLAY_KEY: &str = "hookline-replay-key";
+
+/// `class` of a history entry that records a deferral (no attempt made: the endpoint was
+/// saturated); its `n` is the number of the attempt that was not made.
+pub const DEFERRED: &str = "deferred";
 
 /// Attempts kept in the history header: the first one and the most recent ones.
 pub const MAX_HISTORY: usize = 16;
@@ -94,6 +100,11 @@ pub struct DeliveryMeta {
     pub tenant: Option<String>,
     /// The next attempt's number (1-based).
     pub attempt: u32,
+    /// Schedule slots this delivery gave up without an attempt because its endpoint was
+    /// saturated (deferred). The next attempt takes slot `attempt - 1 + deferrals` of the
+    /// schedule, so deferrals move a delivery along the schedule without consuming attempts and
+    /// never past its end.
+    pub deferrals: u32,
     pub first_attempt_ms: i64,
     pub due_ms: i64,
     pub history: Vec<AttemptRecord>,
@@ -126,6 +137,7 @@ impl DeliveryMeta {
             event_type: event_type.to_string(),
             tenant: tenant.map(str::to_string),
             attempt: 1,
+            deferrals: 0,
             first_attempt_ms,
             due_ms: first_attempt_ms,
             history: Vec::new(),
@@ -156,6 +168,9 @@ impl DeliveryMeta {
             out.push((h::TENANT, t.clone()));
         }
         out.push((ATTEMPT, self.attempt.to_string()));
+        if self.deferrals > 0 {
+            out.push((DEFERRALS, self.deferrals.to_string()));
+        }
         out.push((FIRST_ATTEMPT_MS, self.first_attempt_ms.to_string()));
         out.push((DUE_MS, self.due_ms.to_string()));
         out.push((
@@ -195,6 +210,19 @@ impl DeliveryMeta {
                 reason: format!("{attempt} is out of range"),
             });
         }
+        let deferrals = match get(DEFERRALS) {
+            None => 0,
+            Some(_) => {
+                let n = num(DEFERRALS)?;
+                u32::try_from(n)
+                    .ok()
+                    .filter(|n| *n <= 1000)
+                    .ok_or(MetaError {
+                        header: DEFERRALS,
+                        reason: format!("{n} is out of range"),
+                    })?
+            }
+        };
         let history = match get(HISTORY) {
             None => Vec::new(),
             Some(s) => serde_json::from_str(s).map_err(|e| MetaError {
@@ -219,6 +247,7 @@ impl DeliveryMeta {
             event_type: req(h::EVENT_TYPE)?,
             tenant: get(h::TENANT).map(str::to_string),
             attempt: attempt as u32,
+            deferrals,
             first_attempt_ms: num(FIRST_ATTEMPT_MS)?,
             due_ms: num(DUE_MS)?,
             history,
@@ -261,6 +290,7 @@ mod tests {
             event_type: "message.created".into(),
             tenant: Some("acme".into()),
             attempt: 2,
+            deferrals: 0,
             first_attempt_ms: 1_000,
             due_ms: 61_000,
             history: vec![AttemptRecord {
@@ -299,6 +329,7 @@ mod tests {
         m.dead_reason = Some(DeadReason::Exhausted);
         m.dead_at_ms = Some(5);
         m.replay_key = Some("dlq:0:7".into());
+        m.deferrals = 2;
         let hs: HashMap<&str, String> = m.to_headers().into_iter().collect();
         let back = DeliveryMeta::from_headers(|k| hs.get(k).map(|s| s.as_str())).expect("decode");
         assert_eq!(back, m);

@@ -7,6 +7,8 @@
 //! - [`secret`]: Standard Webhooks `whsec_` secrets.
 //! - [`glob`]: event-type globs.
 //! - [`progress`]: out-of-order completion, contiguous offsets to store.
+//! - [`ownership`]: per-partition assignment generations and the gate every hand-off or dead
+//!   letter passes, so work of a revoked partition never writes.
 //! - [`ops`]: `/metrics`, `/healthz`, `/readyz`; [`telemetry`]: logging; [`shutdown`]: SIGTERM.
 //! - [`keyhash`]: the stable 128-bit hash of dedupe keys and the partition it picks.
 
@@ -18,6 +20,7 @@ pub mod headers;
 pub mod kafka;
 pub mod keyhash;
 pub mod ops;
+pub mod ownership;
 pub mod progress;
 pub mod secret;
 pub mod shutdown;

@@ -7,12 +7,17 @@
 //!    matching endpoints ([`Endpoints::matching`]) and spawns one task per endpoint;
 //! 2. each task makes attempt 1 with the shared [`Engine`]; a failure becomes a delivery record
 //!    on the first tier (or `<p>.dlq` for a single-attempt schedule) and the task waits for
-//!    Kafka's acknowledgement;
+//!    Kafka's acknowledgement. When the endpoint is saturated (its concurrency slots all busy
+//!    with requests that do not finish quickly: a slow or hanging endpoint), attempt 1 is not
+//!    made: the delivery is *deferred* to the first tier at once (attempt number unchanged, see
+//!    [`handoff::defer`]), so a slow endpoint holds up only its own deliveries;
 //! 3. the task that finishes the event's last delivery completes its offset in `Partitions`,
 //!    which stores `offset + 1` of the contiguous completed prefix.
 //!
-//! At-least-once, per partition, with at most `dispatcher.max_in_flight_per_partition` events in
-//! flight, counted from the oldest unfinished one. Flow control when a record arrives for a full
+//! At-least-once, per partition, with at most `dispatcher.max_in_flight_per_partition`
+//! *unfinished* events in flight, and at most a larger span of tracked events from the oldest
+//! unfinished one (see [`crate::window`]): an event stuck behind a hanging delivery takes one
+//! place, finished events behind it none. Flow control when a record arrives for a full
 //! partition — the record is held (never skipped: nothing of its partition begins before it) and:
 //! - reading stops until the partition has room: with healthy endpoints that is milliseconds,
 //!   and nothing else happens;
@@ -32,10 +37,17 @@
 //! the consumer loop — which lets a revoke (a librdkafka callback that runs inside the loop's
 //! `recv`) wait for the revoked partitions' deliveries.
 //!
+//! Rebalances never fork a retry chain: every hand-off is enqueued through the partition's
+//! ownership gate ([`Ownership`]). A revoke waits (bounded) for the partition's deliveries, then
+//! cuts the ones still running short (handed off as `timeout`), then closes the gate (no write of
+//! the old owner can appear after that), waits for the enqueued hand-offs to be acknowledged, and
+//! commits: every acknowledged hand-off is covered by the committed offset, so the new owner does
+//! not send those events again.
+//!
 //! Duplicates: SIGTERM drains (every delivery finishes or is handed off, then a synchronous
-//! commit), so a restart re-sends nothing. A crash (`kill -9`), or a revoke whose deliveries
-//! outlast the bounded wait, leaves the events after the stored prefix to be sent again by the
-//! next owner: receivers dedupe by `webhook-id`.
+//! commit), so a restart re-sends nothing. A crash (`kill -9`), a lost assignment, or a revoke
+//! whose hand-offs outlast its bounded waits, leaves the events after the stored prefix to be
+//! sent again by the next owner: receivers dedupe by `webhook-id`.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -51,6 +63,7 @@ use rdkafka::consumer::{
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{BorrowedMessage, Headers, Message, OwnedMessage};
 use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
+use rdkafka::types::RDKafkaErrorCode as Code;
 use rdkafka::util::Timeout;
 use rdkafka::{Offset, TopicPartitionList};
 use tokio::sync::{mpsc, watch};
@@ -58,18 +71,20 @@ use tokio::task::JoinSet;
 use tracing::{debug, info, warn};
 
 use hookline_common::config::{Config, EndpointConfig};
-use hookline_common::delivery::DeliveryMeta;
+use hookline_common::delivery::{now_ms, DeliveryMeta};
 use hookline_common::headers as h;
 use hookline_common::kafka::{consumer_config, producer_config};
 use hookline_common::ops::StageProbe;
+use hookline_common::ownership::{can_block_here, Ownership};
 use hookline_common::progress::Progress;
 use hookline_common::shutdown::Shutdown;
 use hookline_common::topics::Topics;
 
-use crate::engine::{AttemptOutcome, AttemptResult, Engine, FailureClass};
+use crate::engine::{Admission, AttemptOutcome, AttemptResult, Engine, FailureClass};
 use crate::fanout::Endpoints;
 use crate::handoff::{self, Hop};
 use crate::metrics::{ConsumerMetrics, HandoffTarget};
+use crate::window::Window;
 
 /// The consumer group of the dispatcher (`<group_prefix>.dispatcher`) and its readiness name.
 pub const STAGE: &str = "dispatcher";
@@ -78,6 +93,17 @@ pub const STAGE: &str = "dispatcher";
 /// `dispatcher.shutdown_grace`). Well below the default session timeout (45 s); the group's
 /// other members wait for this member during a rebalance.
 const REVOKE_WAIT_CAP: Duration = Duration::from_secs(10);
+
+/// At a revoke, after the wait for deliveries: how long the ones cut short get to be handed off
+/// before the partition's gate closes.
+const REVOKE_CUT_WAIT: Duration = Duration::from_secs(5);
+
+/// At a revoke, after the gate closed: how long enqueued hand-offs get to be acknowledged before
+/// the offsets are committed anyway.
+const REVOKE_ACK_WAIT: Duration = Duration::from_secs(10);
+
+/// A full producer queue: how long a hand-off waits before enqueueing again.
+const QUEUE_FULL_BACKOFF: Duration = Duration::from_millis(10);
 
 /// After the shutdown grace, how long interrupted deliveries get to be acknowledged on their
 /// retry tier before the process gives up on them (their events are then re-sent by the next
@@ -152,7 +178,6 @@ pub async fn run(
         .with_context(|| format!("subscribing to {dispatch_topic}"))?;
 
     let (fatal_tx, mut fatal_rx) = mpsc::unbounded_channel();
-    let (cutoff_tx, cutoff_rx) = watch::channel(false);
     let dispatcher = Arc::new(Dispatcher {
         consumer,
         producer,
@@ -163,7 +188,6 @@ pub async fn run(
         schedule: config.retry.schedule.clone(),
         metrics,
         fatal: fatal_tx,
-        cutoff: cutoff_rx,
     });
     info!(
         topic = %dispatch_topic,
@@ -182,7 +206,7 @@ pub async fn run(
             &mut shutdown,
         )
         .await?;
-        drain(&config, &dispatcher, &mut tasks, &mut fatal_rx, &cutoff_tx).await
+        drain(&config, &dispatcher, &mut tasks, &mut fatal_rx).await
     }
     .await;
 
@@ -268,7 +292,6 @@ async fn drain(
     d: &Arc<Dispatcher>,
     tasks: &mut JoinSet<()>,
     fatal: &mut mpsc::UnboundedReceiver<anyhow::Error>,
-    cutoff: &watch::Sender<bool>,
 ) -> anyhow::Result<()> {
     let grace = config.dispatcher.shutdown_grace;
     info!(
@@ -282,7 +305,7 @@ async fn drain(
             deliveries = tasks.len(),
             "shutdown grace over, handing unfinished deliveries to the retry tier"
         );
-        let _ = cutoff.send(true);
+        d.partitions.ownership.cut_all();
         wait_for_tasks(tasks, fatal, HANDOFF_DRAIN).await?;
         if !tasks.is_empty() {
             warn!(
@@ -365,16 +388,17 @@ struct Dispatcher {
     metrics: ConsumerMetrics,
     /// A hand-off Kafka refused: the loop returns it and the process exits non-zero.
     fatal: mpsc::UnboundedSender<anyhow::Error>,
-    /// Set when the shutdown grace is over: attempts still running are cut short and handed off.
-    cutoff: watch::Receiver<bool>,
 }
 
 /// One event read from `<p>.dispatch`, shared by its deliveries.
 struct Event {
     partition: i32,
     offset: i64,
-    /// The partition's assignment epoch when the event was read (see [`Partitions`]).
-    epoch: u64,
+    /// The partition's assignment generation when the event was read (see [`Ownership`]).
+    generation: u64,
+    /// Set when the shutdown grace is over or the partition is being revoked: attempts still
+    /// running are cut short and handed off.
+    cutoff: watch::Receiver<bool>,
     id: String,
     event_type: String,
     tenant: Option<String>,
@@ -474,8 +498,8 @@ impl Dispatcher {
     /// loop stops (a held record was not begun: its offset is never stored).
     fn take<M: Record>(self: &Arc<Self>, msg: &M, tasks: &mut JoinSet<()>) -> Option<i32> {
         let (partition, offset) = (msg.partition(), msg.offset());
-        let epoch = match self.partitions.begin(partition, offset) {
-            Begin::Started(epoch) => epoch,
+        let generation = match self.partitions.begin(partition, offset) {
+            Begin::Started(generation) => generation,
             Begin::Full => {
                 self.partitions.hold(partition, msg.detach_owned());
                 return Some(partition);
@@ -490,14 +514,14 @@ impl Dispatcher {
             (Err(problem), _) => {
                 self.metrics.emit_malformed(partition, offset, problem);
                 self.partitions
-                    .complete(&self.consumer, partition, epoch, offset);
+                    .complete(&self.consumer, partition, generation, offset);
                 return None;
             }
             (Ok(_), None) => {
                 self.metrics
                     .emit_malformed(partition, offset, "the record has no value");
                 self.partitions
-                    .complete(&self.consumer, partition, epoch, offset);
+                    .complete(&self.consumer, partition, generation, offset);
                 return None;
             }
         };
@@ -508,15 +532,23 @@ impl Dispatcher {
             self.metrics
                 .emit_no_endpoint(partition, offset, &envelope.event_type);
             self.partitions
-                .complete(&self.consumer, partition, epoch, offset);
+                .complete(&self.consumer, partition, generation, offset);
             return None;
         }
         self.metrics
             .emit_fanned_out(partition, offset, endpoints.len());
+        // The loop is the only one that handles revokes (inside `recv`), so the partition is still
+        // owned in this generation; a dead receiver (never cut) is only a fallback.
+        let cutoff = self
+            .partitions
+            .ownership
+            .cutoff(partition, generation)
+            .unwrap_or_else(|| watch::channel(false).1);
         let event = Arc::new(Event {
             partition,
             offset,
-            epoch,
+            generation,
+            cutoff,
             id: envelope.id,
             event_type: envelope.event_type,
             tenant: envelope.tenant,
@@ -531,12 +563,35 @@ impl Dispatcher {
         None
     }
 
-    /// One (event, endpoint) delivery: attempt 1, then the hand-off of a failure; the last
-    /// delivery of the event to finish completes its offset.
+    /// One (event, endpoint) delivery: attempt 1 (or its deferral), then the hand-off of a
+    /// failure or deferral; the last delivery of the event to finish completes its offset.
     async fn deliver(self: Arc<Self>, event: Arc<Event>, endpoint: Arc<EndpointConfig>) {
-        let outcome = self.first_attempt(&event, &endpoint).await;
-        if let AttemptResult::Failed { class, .. } = &outcome.result {
-            if let Err(e) = self.hand_off(&event, &endpoint, &outcome, *class).await {
+        let handed = match self.first_attempt(&event, &endpoint).await {
+            Admission::Attempted(outcome) => match &outcome.result {
+                AttemptResult::Delivered { .. } => Ok(true),
+                AttemptResult::Failed { class, .. } => {
+                    self.hand_off(&event, &endpoint, Why::Failed(&outcome, *class))
+                        .await
+                }
+            },
+            Admission::Saturated { busy } => {
+                self.hand_off(&event, &endpoint, Why::Deferred { busy })
+                    .await
+            }
+        };
+        match handed {
+            Ok(true) => {}
+            Ok(false) => {
+                // The partition was revoked meanwhile: the new owner sends the event again.
+                debug!(
+                    endpoint = %endpoint.id,
+                    event = %event.id,
+                    partition = event.partition,
+                    "partition revoked before the hand-off, left to the new owner"
+                );
+                return;
+            }
+            Err(e) => {
                 // The event never completes, so no offset is stored past it.
                 let _ = self.fatal.send(e);
                 return;
@@ -544,88 +599,146 @@ impl Dispatcher {
         }
         if event.pending.fetch_sub(1, Ordering::AcqRel) == 1 {
             self.metrics.emit_event_done();
-            self.partitions
-                .complete(&self.consumer, event.partition, event.epoch, event.offset);
+            self.partitions.complete(
+                &self.consumer,
+                event.partition,
+                event.generation,
+                event.offset,
+            );
         }
     }
 
-    /// Attempt 1, cut short (and reported as a timeout) if the shutdown grace runs out first.
-    async fn first_attempt(&self, event: &Event, endpoint: &EndpointConfig) -> AttemptOutcome {
-        self.engine
-            .deliver_or_cut(
-                endpoint,
-                &event.id,
-                event.body.clone(),
-                1,
-                self.cutoff.clone(),
-            )
-            .await
+    /// Attempt 1, cut short (and reported as a timeout) if the shutdown grace runs out or the
+    /// partition is revoked first. Not made when the endpoint is saturated and the schedule has a
+    /// tier to defer it to.
+    async fn first_attempt(&self, event: &Event, endpoint: &EndpointConfig) -> Admission {
+        let body = event.body.clone();
+        let cutoff = event.cutoff.clone();
+        if self.schedule.len() > 1 {
+            self.engine
+                .deliver_unless_saturated(endpoint, &event.id, body, 1, cutoff)
+                .await
+        } else {
+            let outcome = self
+                .engine
+                .deliver_or_cut(endpoint, &event.id, body, 1, cutoff)
+                .await;
+            Admission::Attempted(outcome)
+        }
     }
 
-    /// Produces the delivery record of a failed attempt 1 to its next hop and waits for the
-    /// acknowledgement. An error means Kafka refused it after librdkafka's own retries.
+    /// Produces the delivery record of a failed or deferred attempt 1 to its next hop, through
+    /// the partition's ownership gate, and waits for the acknowledgement. `Ok(false)`: the
+    /// partition was revoked since the event was read, nothing was written. An error means Kafka
+    /// refused the record after librdkafka's own retries.
+    // `send_result` hands the record back in its error (to enqueue it again when the queue is
+    // full): a large `Err` by rdkafka's design.
+    #[allow(clippy::result_large_err)]
     async fn hand_off(
         &self,
         event: &Event,
         endpoint: &EndpointConfig,
-        outcome: &AttemptOutcome,
-        class: FailureClass,
-    ) -> anyhow::Result<()> {
+        why: Why<'_>,
+    ) -> anyhow::Result<bool> {
+        let first_attempt_ms = match why {
+            Why::Failed(outcome, _) => outcome.started_at_ms,
+            // The delivery's schedule starts now, when attempt 1 was due.
+            Why::Deferred { .. } => now_ms(),
+        };
         let mut meta = DeliveryMeta::new(
             &endpoint.id,
             &event.id,
             &event.event_type,
             event.tenant.as_deref(),
-            outcome.started_at_ms,
+            first_attempt_ms,
         );
-        let (topic, target) =
-            match handoff::after_failure(&mut meta, outcome, &self.topics, &self.schedule) {
-                Hop::Retry { topic, .. } => (topic, HandoffTarget::Retry),
-                Hop::Dead { topic } => (topic, HandoffTarget::Dlq),
-            };
+        let hop = match why {
+            Why::Failed(outcome, _) => {
+                handoff::after_failure(&mut meta, outcome, &self.topics, &self.schedule)
+            }
+            Why::Deferred { busy } => handoff::defer(&mut meta, busy, &self.topics, &self.schedule),
+        };
+        let (topic, target) = match hop {
+            Hop::Retry { topic, .. } => (topic, HandoffTarget::Retry),
+            Hop::Dead { topic } => (topic, HandoffTarget::Dlq),
+        };
         let mut record: FutureRecord<'_, [u8], [u8]> = FutureRecord::to(&topic)
             .payload(&event.body[..])
             .headers(handoff::headers(&meta, event.dedupe_key.as_deref()));
         if let Some(key) = &event.key {
             record = record.key(&key[..]);
         }
-        match self.producer.send(record, Timeout::Never).await {
-            Ok(_) => {
-                self.metrics.emit_handed_off(
-                    &endpoint.id,
-                    &event.id,
-                    outcome.attempt,
-                    class.as_str(),
-                    target,
-                );
-                Ok(())
-            }
-            Err((e, _)) => Err(anyhow!(
+        let ownership = &self.partitions.ownership;
+        let (partition, generation) = (event.partition, event.generation);
+        let refused = |e: &dyn std::fmt::Display| {
+            anyhow!(
                 "kafka refused the hand-off of event {} for endpoint {} to {topic} \
                  (dispatch {}@{}): {e}",
                 event.id,
                 endpoint.id,
                 event.partition,
                 event.offset
-            )),
+            )
+        };
+        // The ownership check and the enqueue happen under one lock (a revoke closes the gate
+        // under it); only the enqueue, never the wait for the acknowledgement.
+        let delivery = loop {
+            match ownership.enqueue(partition, generation, || self.producer.send_result(record)) {
+                None => return Ok(false),
+                Some(Ok(delivery)) => break delivery,
+                Some(Err((e, back))) => {
+                    ownership.acked(partition, generation);
+                    if !matches!(e, KafkaError::MessageProduction(Code::QueueFull)) {
+                        return Err(refused(&e));
+                    }
+                    record = back;
+                    tokio::time::sleep(QUEUE_FULL_BACKOFF).await;
+                }
+            }
+        };
+        let acked = delivery.await;
+        ownership.acked(partition, generation);
+        match acked {
+            Ok(Ok(_)) => {}
+            Ok(Err((e, _))) => return Err(refused(&e)),
+            Err(_) => return Err(refused(&"the producer dropped the record")),
         }
+        match why {
+            Why::Failed(outcome, class) => self.metrics.emit_handed_off(
+                &endpoint.id,
+                &event.id,
+                outcome.attempt,
+                class.as_str(),
+                target,
+            ),
+            Why::Deferred { busy } => self.metrics.emit_deferred(&endpoint.id, &event.id, busy),
+        }
+        Ok(true)
     }
+}
+
+/// Why a delivery is handed off after the dispatcher's turn.
+#[derive(Clone, Copy)]
+enum Why<'a> {
+    /// Attempt 1 failed.
+    Failed(&'a AttemptOutcome, FailureClass),
+    /// Attempt 1 was not made: the endpoint's `busy` slots were all taken (saturated).
+    Deferred { busy: usize },
 }
 
 /// Progress, held records and pause state of the `<p>.dispatch` partitions this member owns.
 /// Shared by the consumer loop (begins events, holds, pauses, resumes), the delivery tasks
 /// (complete events and store offsets) and the rebalance callbacks (assign, revoke).
 ///
-/// Each assignment of a partition gets a new epoch; a completion from an older epoch (a delivery
-/// that outlived a revoke) is ignored, so it can never store an offset for the new owner's turn.
+/// Each assignment of a partition gets a new generation ([`Ownership`]); a completion from an
+/// older generation (a delivery that outlived a revoke) is ignored, so it can never store an
+/// offset for the new owner's turn, and its hand-off is refused by the ownership gate.
 struct Partitions {
     topic: String,
-    /// Events in flight per partition (from the oldest unfinished one) before it takes no more.
-    window: usize,
-    /// In-flight count at or below which a paused partition is resumed: half the window, so a
-    /// stuck partition that recovers does not flap (each pause drops librdkafka's prefetched
-    /// records, each resume fetches them again).
-    resume_at: usize,
+    /// How many events per partition may be unfinished / tracked before it takes no more.
+    window: Window,
+    /// Generations, hand-off gates and cut signals of the owned partitions.
+    ownership: Ownership<()>,
     state: Mutex<State>,
     /// Notified on every completion, so a revoke can wait for its partitions to drain.
     changed: Condvar,
@@ -639,11 +752,10 @@ struct Partitions {
 struct State {
     progress: Progress,
     owned: HashMap<i32, Owned>,
-    next_epoch: u64,
 }
 
 struct Owned {
-    epoch: u64,
+    generation: u64,
     paused: bool,
     /// When it last received a record (or was assigned).
     last_seen: Instant,
@@ -662,11 +774,10 @@ enum Begin {
 
 impl Partitions {
     fn new(topic: String, window: usize) -> Self {
-        let window = window.max(1);
         Partitions {
             topic,
-            window,
-            resume_at: window / 2,
+            window: Window::new(window),
+            ownership: Ownership::default(),
             state: Mutex::new(State::default()),
             changed: Condvar::new(),
             room: tokio::sync::Notify::new(),
@@ -689,13 +800,12 @@ impl Partitions {
     fn assign(&self, ids: &[i32]) {
         let mut st = self.lock();
         for &p in ids {
-            st.next_epoch += 1;
-            let epoch = st.next_epoch;
+            let generation = self.ownership.assign(p);
             st.progress.remove(p);
             st.owned.insert(
                 p,
                 Owned {
-                    epoch,
+                    generation,
                     paused: false,
                     last_seen: Instant::now(),
                     held: VecDeque::new(),
@@ -713,24 +823,24 @@ impl Partitions {
             return Begin::NotOwned;
         };
         owned.last_seen = Instant::now();
-        let (epoch, holding) = (owned.epoch, !owned.held.is_empty());
-        if holding || st.progress.in_flight(partition) >= self.window {
+        let (generation, holding) = (owned.generation, !owned.held.is_empty());
+        if holding || !self.window.has_room(st.progress.get(partition)) {
             return Begin::Full;
         }
         st.progress.begin(partition, offset);
-        Begin::Started(epoch)
+        Begin::Started(generation)
     }
 
     /// Keeps a record that found its partition full, to be taken when there is room.
     fn hold(&self, partition: i32, record: OwnedMessage) {
-        let mut st = self.lock();
-        let in_flight = st.progress.in_flight(partition);
-        let mut ready = false;
-        if let Some(owned) = st.owned.get_mut(&partition) {
-            owned.held.push_back(record);
-            ready = self.ready(owned, in_flight);
-        }
-        drop(st);
+        let ready = {
+            let mut guard = self.lock();
+            let st = &mut *guard;
+            st.owned.get_mut(&partition).is_some_and(|owned| {
+                owned.held.push_back(record);
+                self.ready(owned, &st.progress, partition)
+            })
+        };
         if ready {
             // Room appeared between `begin` and now: make sure the loop looks again.
             self.room.notify_one();
@@ -746,12 +856,13 @@ impl Partitions {
 
     /// Whether a partition's held record may be taken now: room in the window, or, when paused,
     /// half of the window drained.
-    fn ready(&self, owned: &Owned, in_flight: usize) -> bool {
+    fn ready(&self, owned: &Owned, progress: &Progress, partition: i32) -> bool {
+        let progress = progress.get(partition);
         !owned.held.is_empty()
             && if owned.paused {
-                in_flight <= self.resume_at
+                self.window.may_resume(progress)
             } else {
-                in_flight < self.window
+                self.window.has_room(progress)
             }
     }
 
@@ -762,7 +873,7 @@ impl Partitions {
         let st = &mut *st;
         let mut out = Vec::new();
         for (&p, owned) in st.owned.iter_mut() {
-            if !self.ready(owned, st.progress.in_flight(p)) {
+            if !self.ready(owned, &st.progress, p) {
                 continue;
             }
             if owned.paused {
@@ -783,7 +894,7 @@ impl Partitions {
             q != partition
                 && !o.paused
                 && o.held.is_empty()
-                && st.progress.in_flight(q) < self.window
+                && self.window.has_room(st.progress.get(q))
                 && o.last_seen.elapsed() < RECENTLY_ACTIVE
         })
     }
@@ -791,12 +902,16 @@ impl Partitions {
     /// Pauses a full partition: the others are read again meanwhile.
     fn pause<C: Consumer<DispatchContext>>(&self, consumer: &C, partition: i32) {
         let mut st = self.lock();
-        let in_flight = st.progress.in_flight(partition);
+        let in_flight = st.progress.unfinished(partition);
         if let Some(owned) = st.owned.get_mut(&partition) {
             if !owned.paused {
                 owned.paused = true;
                 self.set_paused(consumer, partition, true);
-                debug!(partition, in_flight, "partition window full, paused");
+                debug!(
+                    partition,
+                    unfinished = in_flight,
+                    "partition window full, paused"
+                );
             }
         }
     }
@@ -807,21 +922,20 @@ impl Partitions {
         &self,
         consumer: &C,
         partition: i32,
-        epoch: u64,
+        generation: u64,
         offset: i64,
     ) {
         let mut st = self.lock();
         let mut room = false;
-        if st.owned.get(&partition).map(|o| o.epoch) == Some(epoch) {
+        if st.owned.get(&partition).map(|o| o.generation) == Some(generation) {
             if let Some(next) = st.progress.complete(partition, offset) {
                 // Under the lock, so stores of one partition never go backwards.
                 self.store(consumer, partition, next);
             }
-            let in_flight = st.progress.in_flight(partition);
             room = st
                 .owned
                 .get(&partition)
-                .is_some_and(|o| self.ready(o, in_flight));
+                .is_some_and(|o| self.ready(o, &st.progress, partition));
         }
         drop(st);
         self.changed.notify_all();
@@ -830,40 +944,74 @@ impl Partitions {
         }
     }
 
-    /// Waits up to `wait` for the revoked partitions' in-flight events, then forgets them (and
-    /// their held records). Returns how many events were left unfinished (their offsets are not
-    /// stored).
-    fn revoke(&self, ids: &[i32], wait: Duration) -> usize {
+    /// Revokes partitions so that no hand-off of theirs can appear afterwards and every
+    /// acknowledged one is covered by the stored offsets:
+    /// 1. waits up to `wait` for their unfinished events (deliveries finish or hand off);
+    /// 2. cuts the attempts still running short (handed off as `timeout`) and waits up to
+    ///    [`REVOKE_CUT_WAIT`] for those hand-offs;
+    /// 3. closes their ownership gates: from now on their deliveries write nothing;
+    /// 4. waits up to [`REVOKE_ACK_WAIT`] for the hand-offs already enqueued to be acknowledged
+    ///    (their events complete and their offsets are stored meanwhile);
+    /// 5. forgets them (and their held records).
+    ///
+    /// With `wait` zero (a lost assignment, a closing stage) the gates close at once.
+    fn revoke(&self, ids: &[i32], wait: Duration) -> Revoked {
         let wait = if self.closing.load(Ordering::Relaxed) {
             Duration::ZERO
         } else {
             wait
         };
+        let mut cut = false;
+        if !wait.is_zero() && !self.wait_unfinished(ids, wait) {
+            cut = true;
+            self.ownership.cut(ids);
+            self.wait_unfinished(ids, REVOKE_CUT_WAIT.min(wait));
+        }
+        self.ownership.close(ids);
+        let unacked = if wait.is_zero() {
+            0
+        } else {
+            self.ownership.wait_acked(ids, REVOKE_ACK_WAIT)
+        };
+        self.ownership.remove(ids);
+        let mut st = self.lock();
+        let mut abandoned = 0;
+        for p in ids {
+            abandoned += st.progress.unfinished(*p);
+            st.progress.remove(*p);
+            st.owned.remove(p);
+        }
+        Revoked {
+            abandoned,
+            cut,
+            unacked,
+        }
+    }
+
+    /// Waits up to `wait` until these partitions have no unfinished event; returns whether so.
+    fn wait_unfinished(&self, ids: &[i32], wait: Duration) -> bool {
         let deadline = Instant::now() + wait;
         let mut st = self.lock();
         loop {
-            let busy: usize = ids.iter().map(|p| st.progress.in_flight(*p)).sum();
+            let busy: usize = ids.iter().map(|p| st.progress.unfinished(*p)).sum();
             let now = Instant::now();
-            if busy == 0 || now >= deadline {
-                break;
+            if busy == 0 {
+                return true;
+            }
+            if now >= deadline {
+                return false;
             }
             st = match self.changed.wait_timeout(st, deadline - now) {
                 Ok((guard, _)) => guard,
                 Err(poisoned) => poisoned.into_inner().0,
             };
         }
-        let mut abandoned = 0;
-        for p in ids {
-            abandoned += st.progress.in_flight(*p);
-            st.progress.remove(*p);
-            st.owned.remove(p);
-        }
-        abandoned
     }
 
+    #[cfg(test)]
     fn in_flight_of(&self, ids: &[i32]) -> usize {
         let st = self.lock();
-        ids.iter().map(|p| st.progress.in_flight(*p)).sum()
+        ids.iter().map(|p| st.progress.unfinished(*p)).sum()
     }
 
     fn store<C: Consumer<DispatchContext>>(&self, consumer: &C, partition: i32, next: i64) {
@@ -890,6 +1038,17 @@ impl Partitions {
             warn!(partition, pause, error = %e, "cannot pause/resume a partition");
         }
     }
+}
+
+/// What a revoke left behind.
+#[derive(Debug, PartialEq, Eq)]
+struct Revoked {
+    /// Events not finished (their offsets are not stored: the new owner sends them again).
+    abandoned: usize,
+    /// Whether attempts had to be cut short.
+    cut: bool,
+    /// Hand-offs enqueued but not acknowledged when the wait ended.
+    unacked: usize,
 }
 
 /// librdkafka callbacks of the dispatcher's consumer. They run inside the consumer loop's
@@ -940,6 +1099,8 @@ impl DispatchContext {
         if ids.is_empty() {
             return;
         }
+        // A lost assignment (session timeout, eviction) is already someone else's: close the
+        // gates at once, wait for nothing, commit nothing.
         let lost = consumer.assignment_lost();
         if lost {
             self.probe.set_ready(false);
@@ -949,20 +1110,22 @@ impl DispatchContext {
         } else {
             self.revoke_wait
         };
-        let abandoned = if wait.is_zero() || self.partitions.in_flight_of(&ids) == 0 {
+        let revoked = if wait.is_zero() {
             self.partitions.revoke(&ids, Duration::ZERO)
         } else {
             tokio::task::block_in_place(|| self.partitions.revoke(&ids, wait))
         };
-        if abandoned > 0 {
+        if revoked.abandoned > 0 || revoked.unacked > 0 {
             warn!(
                 partitions = ?ids,
-                abandoned,
-                "partitions revoked with deliveries still running; their events will be sent \
-                 again by the new owner"
+                lost,
+                abandoned = revoked.abandoned,
+                unacknowledged = revoked.unacked,
+                "partitions revoked with deliveries unfinished; their events will be sent again \
+                 by the new owner"
             );
         } else {
-            info!(partitions = ?ids, "partitions revoked");
+            info!(partitions = ?ids, cut_short = revoked.cut, "partitions revoked");
         }
         if lost {
             return;
@@ -972,16 +1135,6 @@ impl DispatchContext {
             Err(e) if is_no_offset(&e) => {}
             Err(e) => warn!(error = %e, "commit on revoke failed"),
         }
-    }
-}
-
-/// Whether this thread may block in a rebalance callback: a multi-thread runtime's worker (via
-/// `block_in_place`) or a thread outside any runtime. A current-thread runtime would stall the
-/// very deliveries being waited for.
-fn can_block_here() -> bool {
-    match tokio::runtime::Handle::try_current() {
-        Ok(handle) => handle.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread,
-        Err(_) => true,
     }
 }
 
@@ -1022,7 +1175,7 @@ mod tests {
 
     fn started(b: Begin) -> u64 {
         match b {
-            Begin::Started(epoch) => epoch,
+            Begin::Started(generation) => generation,
             other => panic!("expected a start, got {other:?}"),
         }
     }
@@ -1041,7 +1194,7 @@ mod tests {
         let p = Arc::new(Partitions::new("t".into(), 2));
         let c = consumer(p.clone());
         p.assign(&[0, 1]);
-        let epoch = started(p.begin(0, 0));
+        let generation = started(p.begin(0, 0));
         started(p.begin(0, 1));
         assert_eq!(p.begin(0, 2), Begin::Full);
         started(p.begin(1, 0));
@@ -1054,7 +1207,7 @@ mod tests {
         );
         assert!(p.release_held(&c).is_empty(), "still full");
         // The head completes: room for the held record, not paused, so no resume needed.
-        p.complete(&c, 0, epoch, 0);
+        p.complete(&c, 0, generation, 0);
         let released = p.release_held(&c);
         assert_eq!(released.iter().map(|m| m.offset()).collect::<Vec<_>>(), [2]);
         assert!(!p.holds(0));
@@ -1066,31 +1219,48 @@ mod tests {
         let p = Arc::new(Partitions::new("t".into(), 4));
         let c = consumer(p.clone());
         p.assign(&[0]);
-        let epochs: Vec<u64> = (0..4).map(|o| started(p.begin(0, o))).collect();
-        let epoch = epochs[3];
+        let generations: Vec<u64> = (0..4).map(|o| started(p.begin(0, o))).collect();
+        let generation = generations[3];
         assert_eq!(p.begin(0, 4), Begin::Full);
         p.hold(0, record(0, 4));
         p.pause(&c, 0);
         assert!(paused(&p, 0));
-        // Out of order: 3 done, the head (0) still running: nothing leaves the window.
-        p.complete(&c, 0, epoch, 3);
-        p.complete(&c, 0, epoch, 0);
-        assert_eq!(
-            p.in_flight_of(&[0]),
-            3,
-            "1 and 2 running, 3 done behind them"
-        );
+        // Out of order: 3 done while the head (0) still runs: 3 unfinished.
+        p.complete(&c, 0, generation, 3);
+        assert_eq!(p.in_flight_of(&[0]), 3, "0, 1 and 2 unfinished");
         assert!(
             p.release_held(&c).is_empty(),
             "3 > half the window: stays paused"
         );
         assert!(paused(&p, 0));
-        p.complete(&c, 0, epoch, 1);
+        // 1 done behind the still running head: only unfinished events count.
+        p.complete(&c, 0, generation, 1);
         assert_eq!(p.in_flight_of(&[0]), 2);
         assert_eq!(p.release_held(&c).len(), 1, "resumed at half the window");
         assert!(!paused(&p, 0));
-        p.complete(&c, 0, epoch, 2);
-        assert_eq!(p.in_flight_of(&[0]), 0, "2 done releases 3 with it");
+        assert_eq!(p.lock().progress.in_flight(0), 4, "0..=3 still tracked");
+        p.complete(&c, 0, generation, 0);
+        p.complete(&c, 0, generation, 2);
+        assert_eq!(
+            p.lock().progress.in_flight(0),
+            0,
+            "the head released the rest"
+        );
+    }
+
+    #[test]
+    fn a_stuck_event_takes_one_place_in_the_window() {
+        let p = Arc::new(Partitions::new("t".into(), 2));
+        let c = consumer(p.clone());
+        p.assign(&[0]);
+        let generation = started(p.begin(0, 0));
+        for o in 1..50 {
+            started(p.begin(0, o));
+            p.complete(&c, 0, generation, o);
+        }
+        assert_eq!(p.in_flight_of(&[0]), 1);
+        started(p.begin(0, 50));
+        assert_eq!(p.begin(0, 51), Begin::Full, "two unfinished");
     }
 
     #[test]
@@ -1121,7 +1291,11 @@ mod tests {
         p.assign(&[0]);
         let old = started(p.begin(0, 5));
         p.hold(0, record(0, 6));
-        assert_eq!(p.revoke(&[0], Duration::ZERO), 1, "one event abandoned");
+        assert_eq!(
+            p.revoke(&[0], Duration::ZERO).abandoned,
+            1,
+            "one event abandoned"
+        );
         p.assign(&[0]);
         assert!(!p.holds(0), "held records go with the revoke");
         let new = started(p.begin(0, 5));
@@ -1137,28 +1311,79 @@ mod tests {
     }
 
     #[test]
+    fn a_revoked_partition_hands_off_nothing_and_waits_for_enqueued_hand_offs() {
+        let p = Arc::new(Partitions::new("t".into(), 8));
+        p.assign(&[0]);
+        let generation = started(p.begin(0, 1));
+        let cutoff = p.ownership.cutoff(0, generation).expect("owned");
+        // A hand-off enqueued before the revoke, acknowledged 100 ms into it.
+        assert_eq!(p.ownership.enqueue(0, generation, || ()), Some(()));
+        let acker = {
+            let p = p.clone();
+            std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_millis(100));
+                p.ownership.acked(0, generation);
+            })
+        };
+        let revoked = p.revoke(&[0], Duration::from_millis(50));
+        acker.join().expect("acker");
+        assert_eq!(revoked.unacked, 0, "the enqueued hand-off was waited for");
+        assert!(
+            revoked.cut && *cutoff.borrow(),
+            "the running attempt was cut short"
+        );
+        assert_eq!(
+            p.ownership.enqueue(0, generation, || ()),
+            None,
+            "no hand-off after"
+        );
+        p.assign(&[0]);
+        assert_eq!(
+            p.ownership.enqueue(0, generation, || ()),
+            None,
+            "nor under a new owner"
+        );
+    }
+
+    #[test]
     fn revoke_waits_for_in_flight_events_up_to_its_bound() {
         let p = Arc::new(Partitions::new("t".into(), 8));
         let c = Arc::new(consumer(p.clone()));
         p.assign(&[0]);
-        let epoch = started(p.begin(0, 1));
+        let generation = started(p.begin(0, 1));
         let finisher = {
             let (p, c) = (p.clone(), c.clone());
             std::thread::spawn(move || {
                 std::thread::sleep(Duration::from_millis(100));
-                p.complete(&*c, 0, epoch, 1);
+                p.complete(&*c, 0, generation, 1);
             })
         };
         let start = Instant::now();
-        assert_eq!(p.revoke(&[0], Duration::from_secs(10)), 0, "drained");
+        assert_eq!(
+            p.revoke(&[0], Duration::from_secs(10)),
+            Revoked {
+                abandoned: 0,
+                cut: false,
+                unacked: 0
+            },
+            "drained"
+        );
         assert!(start.elapsed() < Duration::from_secs(5));
         finisher.join().expect("finisher");
 
         p.assign(&[0]);
         started(p.begin(0, 2));
         let start = Instant::now();
-        assert_eq!(p.revoke(&[0], Duration::from_millis(200)), 1, "gave up");
-        assert!(start.elapsed() >= Duration::from_millis(200));
+        let revoked = p.revoke(&[0], Duration::from_millis(200));
+        assert_eq!(
+            (revoked.abandoned, revoked.cut),
+            (1, true),
+            "cut short, then gave up"
+        );
+        assert!(
+            start.elapsed() >= Duration::from_millis(400),
+            "waited, then waited after the cut"
+        );
     }
 
     #[test]
@@ -1166,11 +1391,12 @@ mod tests {
         let p = Arc::new(Partitions::new("t".into(), 8));
         let c = consumer(p.clone());
         p.assign(&[0]);
-        let epoch = started(p.begin(0, 1));
+        let generation = started(p.begin(0, 1));
         started(p.begin(0, 2));
-        p.complete(&c, 0, epoch, 2);
-        assert_eq!(p.in_flight_of(&[0]), 2, "2 waits behind 1");
-        p.complete(&c, 0, epoch, 1);
-        assert_eq!(p.in_flight_of(&[0]), 0);
+        p.complete(&c, 0, generation, 2);
+        assert_eq!(p.in_flight_of(&[0]), 1, "1 unfinished");
+        assert_eq!(p.lock().progress.in_flight(0), 2, "2 waits behind 1");
+        p.complete(&c, 0, generation, 1);
+        assert_eq!(p.lock().progress.in_flight(0), 0);
     }
 }

@@ -12,9 +12,23 @@
 //! of it are read, for at most [`BODY_GRACE`] and never past the timeout, and how it ends (slow,
 //! cut, reset) never turns a 2xx into a failure nor a non-2xx into another class. So an endpoint
 //! that acknowledges at once and then trickles its body is delivered, not retried.
+//!
+//! Per-endpoint concurrency: at most `max_concurrency` requests to one endpoint at a time. A
+//! caller that can put a delivery off ([`Engine::deliver_unless_saturated`]: the dispatcher, the
+//! tiers before the last slot) never waits long for a slot. The delivery is refused (the caller
+//! defers it to a retry tier) when no slot is free and either
+//! - the endpoint is *saturated*: none of its slots freed during a whole [`PERMIT_WAIT`] (a
+//!   hanging endpoint; set by a waiter whose wait saw no slot free, cleared by the endpoint's next
+//!   completed request), or
+//! - the queue ahead is longer than the endpoint's pace clears within [`QUEUE_WAIT`] (waiters ×
+//!   its mean request time / its slots: a slow endpoint).
+//!
+//! So a hanging or slow endpoint keeps its own slots busy and costs the others almost no waiting,
+//! while a busy endpoint that keeps up (its slots turn over every few ms) queues as before.
 
 use std::collections::{HashMap, HashSet};
 use std::error::Error as StdError;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -44,6 +58,16 @@ const TCP_KEEPALIVE: Duration = Duration::from_secs(30);
 /// left of the timeout). Long enough for any body sent with its headers, short enough that a
 /// trickling endpoint cannot hold a concurrency slot for long.
 pub const BODY_GRACE: Duration = Duration::from_secs(1);
+
+/// Longest a deferrable delivery waits for an endpoint's concurrency slot before the endpoint
+/// counts as saturated. Above the slot wait of a busy endpoint that keeps up (its requests take
+/// milliseconds), far below any timeout; short, because while the first deliveries wait, the
+/// events they belong to hold places in the partition window.
+pub const PERMIT_WAIT: Duration = Duration::from_millis(100);
+
+/// Longest expected queueing for a slot (waiters ahead × mean request time / slots) before a
+/// deferrable delivery to a slow endpoint is refused instead of queued.
+pub const QUEUE_WAIT: Duration = Duration::from_secs(1);
 
 /// What one delivery attempt did.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -78,6 +102,16 @@ impl AttemptResult {
     pub fn is_delivered(&self) -> bool {
         matches!(self, AttemptResult::Delivered { .. })
     }
+}
+
+/// What [`Engine::deliver_unless_saturated`] did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Admission {
+    /// The attempt was made (or refused before the network: blocked, invalid URL).
+    Attempted(AttemptOutcome),
+    /// No attempt: every one of the endpoint's `busy` concurrency slots is taken by requests that
+    /// do not finish quickly. The caller defers the delivery.
+    Saturated { busy: usize },
 }
 
 /// Why an attempt failed; a closed set used as a metric label and in delivery records.
@@ -151,9 +185,76 @@ struct Inner {
     metrics: EngineMetrics,
 }
 
+#[derive(Clone)]
 struct EndpointLimit {
     max: usize,
     semaphore: Arc<Semaphore>,
+    /// Set when a bounded slot wait saw no slot free for [`PERMIT_WAIT`]; cleared when a request
+    /// of the endpoint completes. While set, a deferrable delivery that finds no free slot is
+    /// refused without waiting.
+    saturated: Arc<AtomicBool>,
+    /// Deferrable deliveries waiting for a slot.
+    waiting: Arc<AtomicUsize>,
+    /// Mean duration of the endpoint's requests, µs (moving average; 0 = none yet).
+    mean_us: Arc<AtomicU64>,
+    /// When a request of the endpoint last completed (freeing a slot), ms since `epoch`.
+    last_release_ms: Arc<AtomicU64>,
+    epoch: Instant,
+}
+
+impl EndpointLimit {
+    fn since_release(&self) -> Duration {
+        let now = u64::try_from(self.epoch.elapsed().as_millis()).unwrap_or(u64::MAX);
+        Duration::from_millis(now.saturating_sub(self.last_release_ms.load(Ordering::Relaxed)))
+    }
+
+    /// A request finished: a slot frees, the mean moves, the endpoint is not hanging.
+    fn released(&self, duration: Duration) {
+        let now = u64::try_from(self.epoch.elapsed().as_millis()).unwrap_or(u64::MAX);
+        self.last_release_ms.store(now, Ordering::Relaxed);
+        let sample = u64::try_from(duration.as_micros()).unwrap_or(u64::MAX);
+        let mean = self.mean_us.load(Ordering::Relaxed);
+        let next = if mean == 0 {
+            sample
+        } else {
+            // 1/8 weight: follows a change within ~10 requests, ignores one outlier.
+            mean - mean / 8 + sample / 8
+        };
+        self.mean_us.store(next.max(1), Ordering::Relaxed);
+        self.saturated.store(false, Ordering::Relaxed);
+    }
+
+    /// Expected wait of one more waiter for a slot, from the endpoint's pace.
+    fn expected_wait(&self) -> Duration {
+        let ahead = self.waiting.load(Ordering::Relaxed) as u64 + 1;
+        let mean = self.mean_us.load(Ordering::Relaxed);
+        Duration::from_micros(ahead.saturating_mul(mean) / self.max.max(1) as u64)
+    }
+}
+
+/// Counts a deferrable delivery as waiting for a slot while it exists.
+struct Waiting<'a>(&'a AtomicUsize);
+
+impl<'a> Waiting<'a> {
+    fn enter(count: &'a AtomicUsize) -> Self {
+        count.fetch_add(1, Ordering::Relaxed);
+        Waiting(count)
+    }
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// How a delivery waits for the endpoint's concurrency slot.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum SlotWait {
+    /// As long as it takes (nothing to defer to).
+    Unbounded,
+    /// Up to [`PERMIT_WAIT`], and not at all while the endpoint is saturated.
+    Bounded,
 }
 
 impl Engine {
@@ -200,16 +301,45 @@ impl Engine {
     }
 
     /// [`Engine::deliver`], unless `cutoff` turns true first (a graceful stop whose grace ran
-    /// out): then the attempt is abandoned and reported as a `timeout` failure, so the caller
-    /// hands it off like any failed attempt.
+    /// out, or a revoke of the record's partition): then the attempt is abandoned and reported
+    /// as a `timeout` failure, so the caller hands it off like any failed attempt.
     pub async fn deliver_or_cut(
         &self,
         endpoint: &EndpointConfig,
         event_id: &str,
         body: Bytes,
         attempt: u32,
-        mut cutoff: watch::Receiver<bool>,
+        cutoff: watch::Receiver<bool>,
     ) -> AttemptOutcome {
+        let run = self.run(endpoint, event_id, body, attempt, SlotWait::Unbounded);
+        match self.cut_short(run, attempt, cutoff).await {
+            Admission::Attempted(outcome) => outcome,
+            Admission::Saturated { .. } => unreachable!("an unbounded slot wait never refuses"),
+        }
+    }
+
+    /// Like [`Engine::deliver_or_cut`], but refuses the delivery ([`Admission::Saturated`], no
+    /// request made) when no concurrency slot is free and the endpoint is saturated (none freed
+    /// during [`PERMIT_WAIT`]) or its queue is longer than its pace clears within
+    /// [`QUEUE_WAIT`] (see the module doc). For callers that can defer the delivery.
+    pub async fn deliver_unless_saturated(
+        &self,
+        endpoint: &EndpointConfig,
+        event_id: &str,
+        body: Bytes,
+        attempt: u32,
+        cutoff: watch::Receiver<bool>,
+    ) -> Admission {
+        let run = self.run(endpoint, event_id, body, attempt, SlotWait::Bounded);
+        self.cut_short(run, attempt, cutoff).await
+    }
+
+    async fn cut_short(
+        &self,
+        run: impl std::future::Future<Output = Admission>,
+        attempt: u32,
+        mut cutoff: watch::Receiver<bool>,
+    ) -> Admission {
         let started_at_ms = unix_ms_now();
         let start = Instant::now();
         let cut = async move {
@@ -219,10 +349,10 @@ impl Engine {
             }
         };
         tokio::select! {
-            outcome = self.deliver(endpoint, event_id, body, attempt) => outcome,
+            admission = run => admission,
             () = cut => {
                 let duration = start.elapsed();
-                AttemptOutcome {
+                Admission::Attempted(AttemptOutcome {
                     attempt,
                     started_at_ms,
                     duration,
@@ -230,11 +360,11 @@ impl Engine {
                         class: FailureClass::Timeout,
                         status: None,
                         snippet: format!(
-                            "attempt interrupted by shutdown after {} ms",
+                            "attempt interrupted by shutdown or rebalance after {} ms",
                             duration.as_millis()
                         ),
                     },
-                }
+                })
             }
         }
     }
@@ -251,6 +381,23 @@ impl Engine {
         body: Bytes,
         attempt: u32,
     ) -> AttemptOutcome {
+        match self
+            .run(endpoint, event_id, body, attempt, SlotWait::Unbounded)
+            .await
+        {
+            Admission::Attempted(outcome) => outcome,
+            Admission::Saturated { .. } => unreachable!("an unbounded slot wait never refuses"),
+        }
+    }
+
+    async fn run(
+        &self,
+        endpoint: &EndpointConfig,
+        event_id: &str,
+        body: Bytes,
+        attempt: u32,
+        wait: SlotWait,
+    ) -> Admission {
         let url = match self.target(endpoint) {
             Ok(url) => url,
             Err(result) => {
@@ -260,11 +407,19 @@ impl Engine {
                     duration: Duration::ZERO,
                     result,
                 };
-                return self.finish(endpoint, outcome);
+                return Admission::Attempted(self.finish(endpoint, outcome));
             }
         };
 
-        let _permit = self.permit(endpoint).await;
+        let limit = self.limit(endpoint);
+        let _permit = match wait {
+            // The semaphore is never closed, so this is always `Some`.
+            SlotWait::Unbounded => limit.semaphore.clone().acquire_owned().await.ok(),
+            SlotWait::Bounded => match Self::bounded_permit(endpoint, &limit).await {
+                Some(permit) => Some(permit),
+                None => return Admission::Saturated { busy: limit.max },
+            },
+        };
         let started_at_ms = unix_ms_now();
         let start = Instant::now();
         let _inflight = InflightGuard::enter(&self.inner.metrics.inflight);
@@ -278,7 +433,8 @@ impl Engine {
             duration: start.elapsed(),
             result,
         };
-        self.finish(endpoint, outcome)
+        limit.released(outcome.duration);
+        Admission::Attempted(self.finish(endpoint, outcome))
     }
 
     /// The endpoint URL, parsed and, when its host is an IP literal, checked by the guard
@@ -430,33 +586,65 @@ impl Engine {
         keys
     }
 
-    /// Waits for a concurrency permit of the endpoint.
-    async fn permit(&self, endpoint: &EndpointConfig) -> Option<OwnedSemaphorePermit> {
+    /// The endpoint's concurrency limit.
+    fn limit(&self, endpoint: &EndpointConfig) -> EndpointLimit {
         let max = endpoint
             .max_concurrency
             .unwrap_or(self.inner.default_endpoint_concurrency)
             .clamp(1, Semaphore::MAX_PERMITS);
-        let semaphore = {
-            let mut limits = lock(&self.inner.limits);
-            match limits.get(&endpoint.id) {
-                Some(limit) if limit.max == max => limit.semaphore.clone(),
-                // New endpoint, or its limit changed: requests holding permits of the old
-                // semaphore finish undisturbed, new ones use the new limit.
-                _ => {
-                    let semaphore = Arc::new(Semaphore::new(max));
-                    limits.insert(
-                        endpoint.id.clone(),
-                        EndpointLimit {
-                            max,
-                            semaphore: semaphore.clone(),
-                        },
-                    );
-                    semaphore
-                }
+        let mut limits = lock(&self.inner.limits);
+        match limits.get(&endpoint.id) {
+            Some(limit) if limit.max == max => limit.clone(),
+            // New endpoint, or its limit changed: requests holding permits of the old
+            // semaphore finish undisturbed, new ones use the new limit.
+            _ => {
+                let limit = EndpointLimit {
+                    max,
+                    semaphore: Arc::new(Semaphore::new(max)),
+                    saturated: Arc::new(AtomicBool::new(false)),
+                    waiting: Arc::new(AtomicUsize::new(0)),
+                    mean_us: Arc::new(AtomicU64::new(0)),
+                    last_release_ms: Arc::new(AtomicU64::new(0)),
+                    epoch: Instant::now(),
+                };
+                limits.insert(endpoint.id.clone(), limit.clone());
+                limit
             }
-        };
-        // The semaphore is never closed, so this is always `Some`.
-        semaphore.acquire_owned().await.ok()
+        }
+    }
+
+    /// A free slot at once; else, unless the endpoint is saturated or its queue too long for its
+    /// pace, a slot as soon as one frees, as long as slots keep freeing (one within every
+    /// [`PERMIT_WAIT`]); else `None` (and, when no slot freed, the endpoint is saturated).
+    async fn bounded_permit(
+        endpoint: &EndpointConfig,
+        limit: &EndpointLimit,
+    ) -> Option<OwnedSemaphorePermit> {
+        if let Ok(permit) = limit.semaphore.clone().try_acquire_owned() {
+            return Some(permit);
+        }
+        if limit.saturated.load(Ordering::Relaxed) || limit.expected_wait() > QUEUE_WAIT {
+            return None;
+        }
+        let _waiting = Waiting::enter(&limit.waiting);
+        loop {
+            match tokio::time::timeout(PERMIT_WAIT, limit.semaphore.clone().acquire_owned()).await {
+                Ok(Ok(permit)) => return Some(permit),
+                // Its slots turn over (a busy endpoint that keeps up): keep waiting.
+                _ if limit.since_release() < PERMIT_WAIT => continue,
+                _ => break,
+            }
+        }
+        if !limit.saturated.swap(true, Ordering::Relaxed) {
+            warn!(
+                endpoint = %endpoint.id,
+                busy = limit.max,
+                wait_ms = PERMIT_WAIT.as_millis() as u64,
+                "endpoint saturated: no concurrency slot freed in time, deliveries to it are \
+                 deferred to the retry tiers until one of its requests completes"
+            );
+        }
+        None
     }
 
     /// Counts the outcome and logs what must be logged.

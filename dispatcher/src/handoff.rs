@@ -5,12 +5,20 @@
 //! `first_attempt + schedule[n]` on the tier topic named after that offset; after the last
 //! attempt the delivery is dead and goes to `<p>.dlq`. Used by the dispatcher (attempt 1) and the
 //! retry tiers (attempts 2..).
+//!
+//! Deferral: when an endpoint is saturated (every concurrency slot busy and no slot freed within
+//! the engine's short permit wait), a delivery that still has a later slot in the schedule is not
+//! attempted now: it moves to the next slot's tier with its attempt number unchanged, a history
+//! entry of class `deferred` and `hookline-deferrals` + 1. Slot = `attempt - 1 + deferrals`, due
+//! = first attempt + that slot's offset, so deferrals never stretch a delivery past the
+//! schedule's end (24 h by default); on the last slot there is nothing to defer to and the
+//! attempt waits for a concurrency slot.
 
 use std::time::Duration;
 
 use rdkafka::message::{Header, OwnedHeaders};
 
-use hookline_common::delivery::{now_ms, AttemptRecord, DeadReason, DeliveryMeta};
+use hookline_common::delivery::{self, now_ms, AttemptRecord, DeadReason, DeliveryMeta};
 use hookline_common::headers as h;
 use hookline_common::topics::Topics;
 
@@ -58,16 +66,55 @@ pub fn after_failure(
     next_hop(meta, topics, schedule)
 }
 
-/// The hop for `meta.attempt` (the next attempt's number); sets the due time or the dead fields.
+/// Whether the schedule still has a slot for the delivery's next attempt (a record written under
+/// a longer schedule may have none left under the current one).
+pub fn has_slot(meta: &DeliveryMeta, schedule: &[Duration]) -> bool {
+    slot(meta).is_some_and(|s| s < schedule.len())
+}
+
+/// Whether a delivery whose next attempt is `meta.attempt` can be deferred: a later slot of the
+/// schedule is left for it.
+pub fn can_defer(meta: &DeliveryMeta, schedule: &[Duration]) -> bool {
+    slot(meta).is_some_and(|s| s + 1 < schedule.len())
+}
+
+/// Defers the next attempt to the next slot of the schedule without making it (the endpoint is
+/// saturated: `in_flight` requests busy): attempt number unchanged, a `deferred` history entry,
+/// `deferrals` + 1. Call only when [`can_defer`]; returns the hop (a tier).
+pub fn defer(
+    meta: &mut DeliveryMeta,
+    in_flight: usize,
+    topics: &Topics,
+    schedule: &[Duration],
+) -> Hop {
+    meta.push_attempt(AttemptRecord {
+        n: meta.attempt,
+        at_ms: now_ms(),
+        duration_ms: 0,
+        status: None,
+        class: delivery::DEFERRED.to_string(),
+        snippet: format!("endpoint saturated: {in_flight} requests in flight, attempt not made"),
+    });
+    meta.deferrals += 1;
+    next_hop(meta, topics, schedule)
+}
+
+/// Index in the schedule of the next attempt: `attempt - 1 + deferrals`.
+fn slot(meta: &DeliveryMeta) -> Option<usize> {
+    let attempt = usize::try_from(meta.attempt).ok()?.checked_sub(1)?;
+    attempt.checked_add(usize::try_from(meta.deferrals).ok()?)
+}
+
+/// The hop for the next attempt (`meta.attempt`, in slot `attempt - 1 + deferrals`); sets the
+/// due time or the dead fields.
 pub fn next_hop(meta: &mut DeliveryMeta, topics: &Topics, schedule: &[Duration]) -> Hop {
-    let n = meta.attempt as usize;
-    if n == 0 || n > schedule.len() {
+    let Some(slot) = slot(meta).filter(|s| *s < schedule.len()) else {
         mark_dead(meta, DeadReason::Exhausted);
         return Hop::Dead {
             topic: topics.dlq(),
         };
-    }
-    let offset = schedule[n - 1];
+    };
+    let offset = schedule[slot];
     meta.due_ms = meta.first_attempt_ms + offset.as_millis() as i64;
     Hop::Retry {
         topic: topics.retry(offset),
@@ -155,6 +202,49 @@ mod tests {
         );
         assert_eq!(m.history.len(), 7);
         assert_eq!(m.dead_reason, Some(DeadReason::Exhausted));
+    }
+
+    #[test]
+    fn deferrals_take_slots_without_attempts_and_never_pass_the_end() {
+        let topics = Topics::new("p");
+        let schedule = hookline_common::config::default_schedule();
+        let mut m = meta();
+        // Attempt 1 deferred at once (the dispatcher): first tier, attempt still 1.
+        assert!(can_defer(&m, &schedule));
+        let hop = defer(&mut m, 4, &topics, &schedule);
+        assert_eq!(
+            hop,
+            Hop::Retry {
+                topic: "p.retry.1m".into(),
+                due_ms: 1_000_000 + 60_000
+            }
+        );
+        assert_eq!((m.attempt, m.deferrals), (1, 1));
+        assert_eq!(m.history[0].class, "deferred");
+        assert_eq!(m.history[0].n, 1);
+        // Attempt 1 made on the 1m tier and failed: attempt 2 in the 5m slot, not back to back.
+        let hop = after_failure(&mut m, &failed(1), &topics, &schedule);
+        assert_eq!(
+            hop,
+            Hop::Retry {
+                topic: "p.retry.5m".into(),
+                due_ms: 1_000_000 + 300_000
+            }
+        );
+        // Deferred at every later slot: attempt 2 ends up in the last slot and cannot defer.
+        while can_defer(&m, &schedule) {
+            defer(&mut m, 4, &topics, &schedule);
+        }
+        assert_eq!(m.attempt, 2);
+        assert_eq!(m.due_ms, 1_000_000 + 86_400_000, "the 24h slot, not later");
+        let hop = after_failure(&mut m, &failed(2), &topics, &schedule);
+        assert!(matches!(hop, Hop::Dead { .. }), "the schedule's end");
+    }
+
+    #[test]
+    fn single_attempt_schedule_cannot_defer() {
+        let m = meta();
+        assert!(!can_defer(&m, &[Duration::ZERO]));
     }
 
     #[test]

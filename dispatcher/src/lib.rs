@@ -22,6 +22,7 @@ pub mod handoff;
 mod metrics;
 pub mod signing;
 pub mod ssrf;
+mod window;
 
 pub use engine::{AttemptOutcome, AttemptResult, Engine, FailureClass};
 

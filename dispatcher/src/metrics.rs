@@ -8,7 +8,7 @@
 //! Each internal event of the consumer has one `emit_…` method that logs *and* counts, so logs
 //! and metrics never drift.
 
-use prometheus::{Histogram, HistogramOpts, IntCounterVec, IntGauge, Opts, Registry};
+use prometheus::{Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, Opts, Registry};
 
 use crate::engine::{AttemptOutcome, AttemptResult, FailureClass};
 
@@ -106,6 +106,9 @@ pub(crate) struct ConsumerMetrics {
     events: IntCounterVec,
     /// `hookline_dispatcher_handoffs_total{target="retry|dlq"}`.
     handoffs: IntCounterVec,
+    /// `hookline_dispatcher_deferred_total`: deliveries whose attempt 1 was not made because the
+    /// endpoint was saturated, handed to the first tier.
+    deferred: IntCounter,
     /// Events taken from `<p>.dispatch` whose deliveries are not all delivered or handed off.
     inflight: IntGauge,
 }
@@ -128,12 +131,17 @@ impl ConsumerMetrics {
             ),
             &["target"],
         )?;
+        let deferred = IntCounter::new(
+            "hookline_dispatcher_deferred_total",
+            "Deliveries deferred to the first retry tier without an attempt (endpoint saturated)",
+        )?;
         let inflight = IntGauge::new(
             "hookline_dispatcher_inflight_events",
             "Events whose deliveries are not all delivered or handed off yet",
         )?;
         registry.register(Box::new(events.clone()))?;
         registry.register(Box::new(handoffs.clone()))?;
+        registry.register(Box::new(deferred.clone()))?;
         registry.register(Box::new(inflight.clone()))?;
         for result in Self::EVENT_RESULTS {
             events.with_label_values(&[result]);
@@ -144,6 +152,7 @@ impl ConsumerMetrics {
         Ok(ConsumerMetrics {
             events,
             handoffs,
+            deferred,
             inflight,
         })
     }
@@ -181,6 +190,19 @@ impl ConsumerMetrics {
             "malformed dispatch record skipped (written by something other than the deduper?)"
         );
         self.events.with_label_values(&["malformed"]).inc();
+    }
+
+    /// A delivery to a saturated endpoint was acknowledged on the first tier without an attempt.
+    /// Logged at debug only: a hanging endpoint defers every delivery (the engine logs the
+    /// endpoint's saturation once).
+    pub(crate) fn emit_deferred(&self, endpoint: &str, event: &str, busy: usize) {
+        tracing::debug!(
+            endpoint,
+            event,
+            busy,
+            "endpoint saturated, delivery deferred to the retry tier"
+        );
+        self.deferred.inc();
     }
 
     /// A failed first attempt was acknowledged by Kafka on its next hop.

@@ -11,7 +11,14 @@
 //!   `<p>.dlq` with reason `exhausted`, no attempt;
 //! - a record whose delivery headers cannot be read → parked on `<p>.invalid` with the reason
 //!   `bad_delivery_record` and the source position (never dropped silently, never retried
-//!   forever). It has no endpoint or attempt number, so it cannot be a dead letter.
+//!   forever). It has no endpoint or attempt number, so it cannot be a dead letter;
+//! - endpoint saturated (its concurrency slots busy with slow requests) and a later slot left in
+//!   the schedule → not attempted: deferred to the next slot's tier, attempt number unchanged
+//!   ([`handoff::defer`]); on the last slot the attempt waits for a concurrency slot.
+//!
+//! Every write (next tier, dead letter, quarantine) is enqueued through the partition's
+//! ownership gate ([`Gate`]): once the partition is revoked, its work writes nothing, so a
+//! rebalance never forks a retry chain.
 
 use std::sync::Arc;
 
@@ -25,12 +32,15 @@ use tokio::sync::watch;
 use hookline_common::config::Config;
 use hookline_common::delivery::{DeadReason, DeliveryMeta};
 use hookline_common::headers as h;
+use hookline_common::ownership::Ownership;
 use hookline_common::topics::Topics;
+use hookline_dispatcher::engine::Admission;
 use hookline_dispatcher::fanout::{self, Endpoints};
 use hookline_dispatcher::handoff::{self, Hop};
 use hookline_dispatcher::Engine;
 
 use crate::metrics::TierMetrics;
+use crate::tier::Completion;
 
 /// `hookline-invalid-reason` of a tier record whose delivery metadata cannot be read.
 pub const BAD_DELIVERY_RECORD: &str = "bad_delivery_record";
@@ -113,6 +123,22 @@ pub(crate) struct Source<'a> {
     pub(crate) offset: i64,
 }
 
+/// The ownership gate of the record's partition, in the generation the record was read in.
+pub(crate) struct Gate<'a> {
+    pub(crate) ownership: &'a Ownership<Completion>,
+    pub(crate) generation: u64,
+}
+
+/// How a record's handling ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Finished {
+    /// Delivered, or its next record acknowledged: the offset may be stored.
+    Done,
+    /// Its partition was revoked before it could write: nothing written, offset not stored (the
+    /// new owner handles the record).
+    Revoked,
+}
+
 /// Handles one due record to completion. An error means Kafka refused a write after its own
 /// retries: the record's offset must not be stored, and the stage stops. `cutoff` turns true when
 /// the shutdown grace is over: an attempt still running is cut short, recorded as a `timeout`,
@@ -121,9 +147,21 @@ pub(crate) async fn process(
     stage: &Stage,
     metrics: &TierMetrics,
     source: Source<'_>,
+    gate: Gate<'_>,
     pending: Pending,
     cutoff: watch::Receiver<bool>,
-) -> anyhow::Result<()> {
+) -> anyhow::Result<Finished> {
+    let write = |topic: String, key: Option<Vec<u8>>, value: Option<Bytes>, headers| {
+        produce_gated(
+            &gate,
+            source.partition,
+            &stage.producer,
+            topic,
+            key,
+            value,
+            headers,
+        )
+    };
     let (mut meta, value) = match (pending.meta, pending.value) {
         (Ok(meta), Some(value)) => (meta, value),
         (meta, value) => {
@@ -132,19 +170,11 @@ pub(crate) async fn process(
                 .unwrap_or_else(|| "the record has no value (the event bytes)".to_string());
             metrics.emit_invalid(source.partition, source.offset, &problem);
             let headers = invalid_headers(pending.raw_headers.as_ref(), &problem, &source);
-            let topic = stage.topics.invalid();
-            return produce(
-                &stage.producer,
-                &topic,
-                pending.key.as_deref(),
-                value.as_deref(),
-                headers,
-            )
-            .await;
+            return write(stage.topics.invalid(), pending.key, value, headers).await;
         }
     };
     let dedupe_key = pending.dedupe_key.as_deref();
-    let key = pending.key.as_deref();
+    let key = pending.key;
 
     let endpoint = match stage.endpoints.get(&meta.endpoint_id) {
         Some(ep) if ep.enabled => ep,
@@ -154,65 +184,185 @@ pub(crate) async fn process(
             } else {
                 DeadReason::EndpointDisabled
             };
-            return dead_letter(stage, metrics, &mut meta, reason, key, &value, dedupe_key).await;
+            return dead_letter(
+                stage,
+                metrics,
+                &gate,
+                source.partition,
+                &mut meta,
+                reason,
+                key,
+                value,
+                dedupe_key,
+            )
+            .await;
         }
     };
     if !fanout::subscribes(&endpoint, meta.tenant.as_deref(), &meta.event_type) {
         let reason = DeadReason::EndpointUnsubscribed;
-        return dead_letter(stage, metrics, &mut meta, reason, key, &value, dedupe_key).await;
+        return dead_letter(
+            stage,
+            metrics,
+            &gate,
+            source.partition,
+            &mut meta,
+            reason,
+            key,
+            value,
+            dedupe_key,
+        )
+        .await;
     }
-    if meta.attempt as usize > stage.config.retry.schedule.len() {
+    if !handoff::has_slot(&meta, &stage.config.retry.schedule) {
         // Written under a longer schedule: the current one allows no further attempt.
         let reason = DeadReason::Exhausted;
-        return dead_letter(stage, metrics, &mut meta, reason, key, &value, dedupe_key).await;
+        return dead_letter(
+            stage,
+            metrics,
+            &gate,
+            source.partition,
+            &mut meta,
+            reason,
+            key,
+            value,
+            dedupe_key,
+        )
+        .await;
     }
 
     let attempt = meta.attempt;
-    let outcome = stage
-        .engine
-        .deliver_or_cut(&endpoint, &meta.event_id, value.clone(), attempt, cutoff)
-        .await;
+    let schedule = &stage.config.retry.schedule;
+    let body = value.clone();
+    let admission = if handoff::can_defer(&meta, schedule) {
+        stage
+            .engine
+            .deliver_unless_saturated(&endpoint, &meta.event_id, body, attempt, cutoff)
+            .await
+    } else {
+        // The last slot: nothing to defer to, the attempt waits for a concurrency slot.
+        let outcome = stage
+            .engine
+            .deliver_or_cut(&endpoint, &meta.event_id, body, attempt, cutoff)
+            .await;
+        Admission::Attempted(outcome)
+    };
+    let outcome = match admission {
+        Admission::Attempted(outcome) => outcome,
+        Admission::Saturated { busy } => {
+            let hop = handoff::defer(&mut meta, busy, &stage.topics, schedule);
+            let (Hop::Retry { topic, .. } | Hop::Dead { topic }) = hop;
+            let headers = handoff::headers(&meta, dedupe_key);
+            let finished = write(topic.clone(), key, Some(value), headers).await?;
+            if finished == Finished::Done {
+                metrics.emit_deferred(&meta, &topic);
+            }
+            return Ok(finished);
+        }
+    };
     metrics.emit_attempt(&meta, &outcome);
     if outcome.result.is_delivered() {
         metrics.emit_delivered(&meta, attempt);
-        return Ok(());
+        return Ok(Finished::Done);
     }
-    let hop = handoff::after_failure(
-        &mut meta,
-        &outcome,
-        &stage.topics,
-        &stage.config.retry.schedule,
-    );
+    let hop = handoff::after_failure(&mut meta, &outcome, &stage.topics, schedule);
     let headers = handoff::headers(&meta, dedupe_key);
-    match hop {
-        Hop::Retry { topic, .. } => {
-            produce(&stage.producer, &topic, key, Some(&value), headers).await?;
-            metrics.emit_next_tier(&meta, &topic);
-        }
-        Hop::Dead { topic } => {
-            produce(&stage.producer, &topic, key, Some(&value), headers).await?;
-            metrics.emit_dead(&meta, DeadReason::Exhausted);
+    let (Hop::Retry { topic, .. } | Hop::Dead { topic }) = hop.clone();
+    let finished = write(topic.clone(), key, Some(value), headers).await?;
+    if finished == Finished::Done {
+        match hop {
+            Hop::Retry { .. } => metrics.emit_next_tier(&meta, &topic),
+            Hop::Dead { .. } => metrics.emit_dead(&meta, DeadReason::Exhausted),
         }
     }
-    Ok(())
+    Ok(finished)
 }
 
-/// Ends a delivery without an attempt: `<p>.dlq` with `reason`, acknowledged before it counts.
+/// Writes one record through the ownership gate of the partition it came from and waits for
+/// Kafka's acknowledgement. [`Finished::Revoked`]: the partition was revoked, nothing written.
+// `send_result` hands the record back in its error (to enqueue it again when the queue is full):
+// a large `Err` by rdkafka's design.
+#[allow(clippy::result_large_err)]
+async fn produce_gated(
+    gate: &Gate<'_>,
+    partition: i32,
+    producer: &FutureProducer,
+    topic: String,
+    key: Option<Vec<u8>>,
+    value: Option<Bytes>,
+    headers: OwnedHeaders,
+) -> anyhow::Result<Finished> {
+    let mut record: FutureRecord<'_, [u8], [u8]> = FutureRecord::to(&topic).headers(headers);
+    if let Some(k) = &key {
+        record = record.key(&k[..]);
+    }
+    if let Some(v) = &value {
+        record = record.payload(&v[..]);
+    }
+    let (ownership, generation) = (gate.ownership, gate.generation);
+    // The ownership check and the enqueue under one lock (a revoke closes the gate under it);
+    // the acknowledgement is awaited outside it.
+    let delivery = loop {
+        match ownership.enqueue(partition, generation, || producer.send_result(record)) {
+            None => return Ok(Finished::Revoked),
+            Some(Ok(delivery)) => break delivery,
+            Some(Err((e, back))) => {
+                ownership.acked(partition, generation);
+                if !matches!(
+                    e,
+                    rdkafka::error::KafkaError::MessageProduction(
+                        rdkafka::types::RDKafkaErrorCode::QueueFull
+                    )
+                ) {
+                    return Err(anyhow::Error::new(e))
+                        .with_context(|| format!("kafka refused a write to {topic}"));
+                }
+                record = back;
+                tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+            }
+        }
+    };
+    let acked = delivery.await;
+    ownership.acked(partition, generation);
+    match acked {
+        Ok(Ok(_)) => Ok(Finished::Done),
+        Ok(Err((e, _))) => {
+            Err(anyhow::Error::new(e)).with_context(|| format!("kafka refused a write to {topic}"))
+        }
+        Err(_) => anyhow::bail!("kafka refused a write to {topic}: the producer dropped it"),
+    }
+}
+
+/// Ends a delivery without an attempt: `<p>.dlq` with `reason`, written through the partition's
+/// ownership gate and acknowledged before it counts.
+#[allow(clippy::too_many_arguments)]
 async fn dead_letter(
     stage: &Stage,
     metrics: &TierMetrics,
+    gate: &Gate<'_>,
+    partition: i32,
     meta: &mut DeliveryMeta,
     reason: DeadReason,
-    key: Option<&[u8]>,
-    value: &[u8],
+    key: Option<Vec<u8>>,
+    value: Bytes,
     dedupe_key: Option<&str>,
-) -> anyhow::Result<()> {
+) -> anyhow::Result<Finished> {
     handoff::mark_dead(meta, reason);
-    let topic = stage.topics.dlq();
     let headers = handoff::headers(meta, dedupe_key);
-    produce(&stage.producer, &topic, key, Some(value), headers).await?;
-    metrics.emit_dead(meta, reason);
-    Ok(())
+    let topic = stage.topics.dlq();
+    let finished = produce_gated(
+        gate,
+        partition,
+        &stage.producer,
+        topic,
+        key,
+        Some(value),
+        headers,
+    )
+    .await?;
+    if finished == Finished::Done {
+        metrics.emit_dead(meta, reason);
+    }
+    Ok(finished)
 }
 
 /// The parked record's headers: its own (minus any quarantine headers it carried) plus the
@@ -306,6 +456,7 @@ mod tests {
             event_type: "t".into(),
             tenant: None,
             attempt: 2,
+            deferrals: 0,
             first_attempt_ms: 1_000,
             due_ms: 61_000,
             history: vec![],

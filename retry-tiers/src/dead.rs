@@ -87,8 +87,11 @@ pub fn replay_key(partition: i32, offset: i64) -> String {
 
 /// Attempts made (the number of the last one).
 pub fn attempts_made(meta: &DeliveryMeta) -> u32 {
+    // A deferral is recorded in the history with the number of the attempt it did not make.
     meta.history
-        .last()
+        .iter()
+        .rev()
+        .find(|a| a.class != delivery::DEFERRED)
         .map_or(meta.attempt.saturating_sub(1), |a| a.n)
 }
 
@@ -541,6 +544,7 @@ mod tests {
                 event_type: "message.created".into(),
                 tenant: Some("acme".into()),
                 attempt: 8,
+                deferrals: 0,
                 first_attempt_ms: 1_000,
                 due_ms: 1_000,
                 history: (1..=7)

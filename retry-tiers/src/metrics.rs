@@ -21,14 +21,17 @@ use hookline_dispatcher::{AttemptOutcome, AttemptResult, FailureClass};
 pub(crate) enum Outcome {
     Delivered,
     NextTier,
+    /// Not attempted: the endpoint was saturated; moved to the next slot's tier.
+    Deferred,
     Dead(DeadReason),
     Invalid,
 }
 
 impl Outcome {
-    const ALL: [Outcome; 7] = [
+    const ALL: [Outcome; 8] = [
         Outcome::Delivered,
         Outcome::NextTier,
+        Outcome::Deferred,
         Outcome::Dead(DeadReason::Exhausted),
         Outcome::Dead(DeadReason::EndpointRemoved),
         Outcome::Dead(DeadReason::EndpointDisabled),
@@ -40,6 +43,7 @@ impl Outcome {
         match self {
             Outcome::Delivered => "delivered",
             Outcome::NextTier => "next_tier",
+            Outcome::Deferred => "deferred",
             Outcome::Dead(DeadReason::Exhausted) => "dead_exhausted",
             Outcome::Dead(DeadReason::EndpointRemoved) => "dead_endpoint_removed",
             Outcome::Dead(DeadReason::EndpointDisabled) => "dead_endpoint_disabled",
@@ -260,6 +264,22 @@ impl TierMetrics {
             "retry failed, handed to the next tier"
         );
         self.count(Outcome::NextTier);
+    }
+
+    /// Debug only: a saturated endpoint defers every record beyond its slots (the engine logs
+    /// the saturation once).
+    pub(crate) fn emit_deferred(&self, meta: &DeliveryMeta, topic: &str) {
+        tracing::debug!(
+            tier = %self.tier,
+            endpoint = %meta.endpoint_id,
+            event_id = %meta.event_id,
+            attempt = meta.attempt,
+            deferrals = meta.deferrals,
+            due_ms = meta.due_ms,
+            topic,
+            "endpoint saturated, attempt deferred to the next tier"
+        );
+        self.count(Outcome::Deferred);
     }
 
     pub(crate) fn emit_dead(&self, meta: &DeliveryMeta, reason: DeadReason) {

@@ -369,6 +369,7 @@ impl Replayer {
                 meta.dead_reason = None;
                 meta.dead_at_ms = None;
                 meta.first_attempt_ms = outcome.started_at_ms;
+                meta.deferrals = 0;
                 match handoff::after_failure(&mut meta, &outcome, &self.topics, &self.schedule) {
                     Hop::Retry { topic, .. } | Hop::Dead { topic } => topic,
                 }

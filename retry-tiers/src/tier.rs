@@ -15,13 +15,23 @@
 //! Rebalances: librdkafka keeps a partition's pause state across a rebalance, so every assigned
 //! partition is resumed explicitly in the assign callback. A revoked partition's held records and
 //! timer are dropped (the state is keyed by an assignment generation, so a late completion or a
-//! timer never touches a partition this worker no longer owns or owns again since). Its in-flight
-//! attempts finish, but their offsets are not stored: the new owner re-attempts them (delivery is
-//! at least once).
+//! timer never touches a partition this worker no longer owns or owns again since).
+//!
+//! A rebalance never forks a retry chain: every write of a record's handling (next tier, dead
+//! letter) goes through its partition's ownership gate ([`Ownership`]), and the revoke callback
+//! (which blocks, off the async runtime's worker slot) waits a bounded time for the partition's
+//! in-flight records, cuts the ones still running short (handed off as `timeout`), closes the
+//! gate, waits for the enqueued writes to be acknowledged, stores the completed prefix (tracked by
+//! the record tasks themselves in [`Completion`], since the loop is inside the callback) and
+//! commits. So the new owner re-attempts only records whose handling wrote nothing.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+
+use hookline_common::ownership::{can_block_here, Ownership};
+use hookline_common::progress::PartitionProgress;
 
 use anyhow::Context as _;
 use rdkafka::client::ClientContext;
@@ -40,7 +50,7 @@ use hookline_common::kafka::consumer_config;
 use hookline_common::ops::StageProbe;
 use hookline_common::shutdown::Shutdown;
 
-use crate::attempt::{self, Pending, Source, Stage};
+use crate::attempt::{self, Finished, Gate, Pending, Source, Stage};
 use crate::due::DueBound;
 use crate::metrics::TierMetrics;
 use crate::waiting::{PartitionWaiting, LOOKAHEAD_MS};
@@ -51,6 +61,23 @@ pub(crate) const TICK: Duration = Duration::from_millis(500);
 /// After the shutdown grace, how long cut-short attempts get to be acknowledged on their next
 /// hop before the worker gives up on them (they are then attempted again after the restart).
 const HANDOFF_DRAIN: Duration = Duration::from_secs(10);
+
+/// Longest a revoke waits for the revoked partitions' in-flight records (also bounded by
+/// `dispatcher.shutdown_grace`), and then again for the ones cut short to hand off. The group's
+/// other members wait for this member meanwhile; well below the session timeout.
+const REVOKE_WAIT_CAP: Duration = Duration::from_secs(10);
+
+/// At a revoke, after the gate closed: how long enqueued writes get to be acknowledged.
+const REVOKE_ACK_WAIT: Duration = Duration::from_secs(10);
+
+/// What the record tasks of one owned partition completed, kept under the ownership lock so the
+/// revoke callback can store it while the loop waits inside `recv()`.
+#[derive(Debug, Default)]
+pub(crate) struct Completion {
+    progress: PartitionProgress,
+    /// Offset to store: end of the contiguous completed prefix, once it moved.
+    next: Option<i64>,
+}
 
 /// One tier: its name (`5m`) and topic (`<p>.retry.5m`).
 #[derive(Debug, Clone)]
@@ -70,15 +97,22 @@ enum Rebalanced {
     Revoked(Vec<i32>),
 }
 
-/// The consumer's context. Its callbacks run inside `recv()` on the loop's task; they only record
-/// what changed (and resume assigned partitions) and wake the loop, never block.
+/// The consumer's context. Its callbacks run inside `recv()` on the loop's task; they record
+/// what changed (and resume assigned partitions) and wake the loop. Only a revoke blocks, a
+/// bounded time, to close the partitions' gates after their work handed off (see the module doc).
 struct TierContext {
     tier: String,
+    topic: String,
     changes: Mutex<Vec<Rebalanced>>,
     /// Wakes the loop to apply `changes` (the callback itself does not end `recv()`).
     changed: Notify,
     /// Made unready at once when the assignment is lost (ready again on the next assignment).
     probe: StageProbe,
+    ownership: Arc<Ownership<Completion>>,
+    /// `min(dispatcher.shutdown_grace, REVOKE_WAIT_CAP)`.
+    revoke_wait: Duration,
+    /// Set once the record tasks are gone (closing): a revoke has nothing left to wait for.
+    closing: AtomicBool,
 }
 
 impl TierContext {
@@ -98,6 +132,68 @@ impl TierContext {
     }
 }
 
+impl TierContext {
+    /// Revokes partitions so that no write of their work appears afterwards and every
+    /// acknowledged one is covered by the committed offsets: wait for their in-flight records,
+    /// cut the rest short, close the gates, wait for the enqueued writes, store and commit.
+    /// A lost assignment (or a closing worker) closes the gates at once and commits nothing.
+    fn revoke(&self, consumer: &BaseConsumer<Self>, ids: &[i32]) {
+        if ids.is_empty() {
+            return;
+        }
+        let lost = consumer.assignment_lost();
+        let closing = self.closing.load(Ordering::Relaxed);
+        if lost || closing || !can_block_here() {
+            self.ownership.close(ids);
+            self.ownership.remove(ids);
+            if lost {
+                tracing::warn!(tier = %self.tier, partitions = ?ids, "partitions lost; their unfinished records are left to the new owner");
+            }
+            return;
+        }
+        let idle = |c: &Completion| c.progress.unfinished() == 0;
+        let (drained, unacked) = tokio::task::block_in_place(|| {
+            let mut drained = self.ownership.wait_until(ids, self.revoke_wait, idle);
+            if !drained {
+                self.ownership.cut(ids);
+                drained = self.ownership.wait_until(ids, self.revoke_wait, idle);
+            }
+            self.ownership.close(ids);
+            (drained, self.ownership.wait_acked(ids, REVOKE_ACK_WAIT))
+        });
+        let mut tpl = TopicPartitionList::new();
+        for (partition, completion) in self.ownership.remove(ids) {
+            if let Some(next) = completion.next {
+                if let Err(e) =
+                    tpl.add_partition_offset(&self.topic, partition, Offset::Offset(next))
+                {
+                    tracing::warn!(tier = %self.tier, partition, error = %e, "cannot build an offset list");
+                }
+            }
+        }
+        if tpl.count() > 0 {
+            if let Err(e) = consumer.store_offsets(&tpl) {
+                tracing::debug!(tier = %self.tier, error = %e, "offsets not stored at revoke");
+            }
+        }
+        match consumer.commit_consumer_state(CommitMode::Sync) {
+            Ok(())
+            | Err(KafkaError::ConsumerCommit(rdkafka::types::RDKafkaErrorCode::NoOffset)) => {}
+            Err(e) => tracing::warn!(tier = %self.tier, error = %e, "commit on revoke failed"),
+        }
+        if drained && unacked == 0 {
+            tracing::info!(tier = %self.tier, partitions = ?ids, "partitions revoked");
+        } else {
+            tracing::warn!(
+                tier = %self.tier,
+                partitions = ?ids,
+                unacknowledged = unacked,
+                "partitions revoked with records unfinished; the new owner attempts them again"
+            );
+        }
+    }
+}
+
 fn partitions(tpl: &TopicPartitionList) -> Vec<i32> {
     tpl.elements().iter().map(|e| e.partition()).collect()
 }
@@ -110,7 +206,9 @@ impl ConsumerContext for TierContext {
             if consumer.assignment_lost() {
                 self.probe.set_ready(false);
             }
-            self.record(Rebalanced::Revoked(partitions(tpl)));
+            let ids = partitions(tpl);
+            self.revoke(consumer, &ids);
+            self.record(Rebalanced::Revoked(ids));
         }
     }
 
@@ -145,7 +243,7 @@ struct Done {
     partition: i32,
     generation: u64,
     offset: i64,
-    result: anyhow::Result<()>,
+    result: anyhow::Result<Finished>,
 }
 
 /// What woke the loop.
@@ -176,11 +274,16 @@ pub(crate) async fn run(
     shutdown: Shutdown,
 ) -> anyhow::Result<()> {
     let config = stage.config.clone();
+    let ownership = Arc::new(Ownership::default());
     let context = TierContext {
         tier: tier.name.clone(),
+        topic: tier.topic.clone(),
         changes: Mutex::new(Vec::new()),
         changed: Notify::new(),
         probe: ready.clone(),
+        ownership: ownership.clone(),
+        revoke_wait: config.dispatcher.shutdown_grace.min(REVOKE_WAIT_CAP),
+        closing: AtomicBool::new(false),
     };
     let consumer: StreamConsumer<TierContext> =
         consumer_config(&config, &format!("retry.{}", tier.name))
@@ -198,13 +301,18 @@ pub(crate) async fn run(
         consumer,
         cap: config.dispatcher.max_in_flight_per_partition.max(1),
         parts: HashMap::new(),
-        next_generation: 0,
+        ownership,
         tasks: JoinSet::new(),
-        cutoff: watch::channel(false).0,
+        cut: false,
         ready,
     };
     let result = worker.run(shutdown, config.dispatcher.shutdown_grace).await;
     worker.tasks.shutdown().await;
+    worker
+        .consumer
+        .context()
+        .closing
+        .store(true, Ordering::Relaxed);
     worker.metrics.waiting.set(0);
     worker.metrics.inflight.set(0);
     worker.metrics.paused.set(0);
@@ -240,10 +348,12 @@ struct Worker {
     /// Records in flight per partition.
     cap: usize,
     parts: HashMap<i32, Part>,
-    next_generation: u64,
+    /// Generations, gates, cut signals and completions of the owned partitions (shared with the
+    /// rebalance callbacks and the record tasks).
+    ownership: Arc<Ownership<Completion>>,
     tasks: JoinSet<Done>,
-    /// Set when the shutdown grace is over: attempts still running are cut short, handed off.
-    cutoff: watch::Sender<bool>,
+    /// Whether the shutdown grace is over and attempts still running were cut short.
+    cut: bool,
     /// Ready from the first assignment (an empty one too: a standby); heartbeat per loop turn.
     ready: StageProbe,
 }
@@ -262,7 +372,7 @@ impl Worker {
                     return Ok(());
                 }
                 if Instant::now() >= deadline {
-                    if *self.cutoff.borrow() {
+                    if self.cut {
                         tracing::warn!(
                             tier = %self.tier.name,
                             records = self.tasks.len(),
@@ -275,7 +385,8 @@ impl Worker {
                         records = self.tasks.len(),
                         "shutdown grace is over; attempts still running are cut short and handed off"
                     );
-                    self.cutoff.send_replace(true);
+                    self.cut = true;
+                    self.ownership.cut_all();
                     stop_by = Some(Instant::now() + HANDOFF_DRAIN);
                 }
             }
@@ -360,14 +471,33 @@ impl Worker {
                 let tier = self.tier.clone();
                 let metrics = self.metrics.clone();
                 let generation = part.generation;
-                let cutoff = self.cutoff.subscribe();
+                let ownership = self.ownership.clone();
+                ownership.with(partition, generation, |c| c.progress.begin(offset));
+                let cutoff = ownership
+                    .cutoff(partition, generation)
+                    .unwrap_or_else(|| watch::channel(false).1);
                 self.tasks.spawn(async move {
                     let source = Source {
                         topic: &tier.topic,
                         partition,
                         offset,
                     };
-                    let result = attempt::process(&stage, &metrics, source, pending, cutoff).await;
+                    let gate = Gate {
+                        ownership: &ownership,
+                        generation,
+                    };
+                    let result =
+                        attempt::process(&stage, &metrics, source, gate, pending, cutoff).await;
+                    if let Ok(Finished::Done) = result {
+                        // Here, not in the loop: a revoke callback (the loop waits inside it)
+                        // stores what is complete.
+                        ownership.with(partition, generation, |c| {
+                            if let Some(next) = c.progress.complete(offset) {
+                                c.next = Some(next);
+                            }
+                        });
+                    }
+                    ownership.notify();
                     Done {
                         partition,
                         generation,
@@ -406,7 +536,10 @@ impl Worker {
             offset,
             result,
         } = done;
-        result.with_context(|| format!("record {partition}@{offset}"))?;
+        let finished = result.with_context(|| format!("record {partition}@{offset}"))?;
+        if finished == Finished::Revoked {
+            return Ok(());
+        }
         let Some(part) = self.parts.get_mut(&partition) else {
             return Ok(());
         };
@@ -436,11 +569,11 @@ impl Worker {
                         if self.parts.contains_key(&partition) {
                             continue;
                         }
-                        self.next_generation += 1;
+                        let generation = self.ownership.assign(partition);
                         self.parts.insert(
                             partition,
                             Part {
-                                generation: self.next_generation,
+                                generation,
                                 waiting: PartitionWaiting::new(LOOKAHEAD_MS),
                             },
                         );

@@ -527,6 +527,7 @@ fn tier_record(event_id: &str, endpoint: &str, first_ms: i64, due_ms: i64) -> De
         event_type: "message.created".into(),
         tenant: None,
         attempt: 2,
+        deferrals: 0,
         first_attempt_ms: first_ms,
         due_ms,
         history: vec![AttemptRecord {

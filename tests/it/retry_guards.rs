@@ -97,6 +97,7 @@ fn waiting(
         first_attempt_ms: first_ms,
         due_ms,
         history,
+        deferrals: 0,
         dead_reason: None,
         dead_at_ms: None,
         replay_key: None,
