@@ -5,6 +5,7 @@ mod dedupe;
 mod demo;
 mod dispatcher;
 mod harness;
+mod oversize;
 mod pipeline;
 mod receiver;
 mod retry;
