@@ -9,6 +9,9 @@
 //! - [`progress`]: out-of-order completion, contiguous offsets to store.
 //! - [`ops`]: `/metrics`, `/healthz`, `/readyz`; [`telemetry`]: logging; [`shutdown`]: SIGTERM.
 //! - [`keyhash`]: the stable 128-bit hash of dedupe keys and the partition it picks.
+//! - [`produce`]: produce errors classified (permanent / transient / fatal) and acknowledged
+//!   sends; [`recordsize`]: record sizes and topic size limits; [`quarantine`]: the
+//!   `record_too_large` quarantine record.
 
 pub mod config;
 pub mod delivery;
@@ -18,7 +21,10 @@ pub mod headers;
 pub mod kafka;
 pub mod keyhash;
 pub mod ops;
+pub mod produce;
 pub mod progress;
+pub mod quarantine;
+pub mod recordsize;
 pub mod secret;
 pub mod shutdown;
 pub mod telemetry;

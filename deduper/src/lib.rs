@@ -28,8 +28,16 @@ pub async fn run(
 ) -> anyhow::Result<()> {
     let ready_a = readiness.register(validate::STAGE);
     let ready_b = readiness.register(dedupe::STAGE);
-    let a = validate::run(config.clone(), registry.clone(), ready_a, shutdown.clone());
-    let b = dedupe::run(config, registry, ready_b, shutdown);
+    // One family for both stages: `hookline_deduper_produce_errors_total{class}`.
+    let produce_errors = hookline_common::produce::ProduceErrors::register(&registry, "deduper")?;
+    let a = validate::run(
+        config.clone(),
+        registry.clone(),
+        ready_a,
+        produce_errors.clone(),
+        shutdown.clone(),
+    );
+    let b = dedupe::run(config, registry, ready_b, produce_errors, shutdown);
     // Either failing stops both: the process exits non-zero and is restarted.
     tokio::try_join!(a, b).map(|_| ())
 }

@@ -50,7 +50,7 @@ use rdkafka::consumer::{
 };
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{BorrowedMessage, Headers, Message, OwnedMessage};
-use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
+use rdkafka::producer::{FutureProducer, Producer};
 use rdkafka::util::Timeout;
 use rdkafka::{Offset, TopicPartitionList};
 use tokio::sync::{mpsc, watch};
@@ -61,13 +61,17 @@ use hookline_common::config::{Config, EndpointConfig};
 use hookline_common::delivery::DeliveryMeta;
 use hookline_common::headers as h;
 use hookline_common::kafka::{consumer_config, producer_config};
+use hookline_common::produce::ProduceErrors;
 use hookline_common::progress::Progress;
+use hookline_common::quarantine::Source;
+use hookline_common::recordsize::Limits;
 use hookline_common::shutdown::Shutdown;
 use hookline_common::topics::Topics;
 
 use crate::engine::{AttemptOutcome, AttemptResult, Engine, FailureClass};
 use crate::fanout::Endpoints;
 use crate::handoff::{self, Hop};
+use crate::handoff_write::{HopError, HopWriter, Written};
 use crate::metrics::{ConsumerMetrics, HandoffTarget};
 
 /// The consumer group of the dispatcher (`<group_prefix>.dispatcher`) and its readiness name.
@@ -101,8 +105,9 @@ const RECENTLY_ACTIVE: Duration = Duration::from_secs(2);
 /// Longest the final close of the Kafka clients may take before the stage returns anyway.
 const CLOSE_TIMEOUT: Duration = Duration::from_secs(15);
 
-/// Runs the dispatcher until shutdown. Returns an error (process exits non-zero) when Kafka
-/// refuses a hand-off after its own retries: no offset is ever stored past that event.
+/// Runs the dispatcher until shutdown. Returns an error (process exits non-zero) only on a fatal
+/// produce error (fenced, not authorised, topic gone): no offset is ever stored past that event.
+/// A hand-off that can never be written as planned is rerouted (`handoff_write`), never fatal.
 pub async fn run(
     config: Arc<Config>,
     registry: prometheus::Registry,
@@ -145,6 +150,21 @@ pub async fn run(
         hookline_common::kafka::TOPICS_WAIT,
     )
     .await?;
+    let writer = HopWriter {
+        producer: producer.clone(),
+        limits: Arc::new(
+            Limits::fetch(
+                &config,
+                HopWriter::topics_written(&topics, &config.retry.schedule),
+            )
+            .await
+            .context("reading topic size limits")?,
+        ),
+        topics: topics.clone(),
+        errors: ProduceErrors::register(&registry, "dispatcher")
+            .context("registering produce error metrics")?,
+        shutdown: shutdown.clone(),
+    };
     consumer
         .subscribe(&[&dispatch_topic])
         .with_context(|| format!("subscribing to {dispatch_topic}"))?;
@@ -154,6 +174,7 @@ pub async fn run(
     let dispatcher = Arc::new(Dispatcher {
         consumer,
         producer,
+        writer,
         partitions,
         engine,
         endpoints: Endpoints::new(&config.endpoints),
@@ -344,6 +365,8 @@ fn is_no_offset(e: &KafkaError) -> bool {
 struct Dispatcher {
     consumer: StreamConsumer<DispatchContext>,
     producer: FutureProducer,
+    /// Writes hand-offs, rerouting what can never be written as planned.
+    writer: HopWriter,
     partitions: Arc<Partitions>,
     engine: Engine,
     endpoints: Endpoints,
@@ -523,10 +546,25 @@ impl Dispatcher {
     async fn deliver(self: Arc<Self>, event: Arc<Event>, endpoint: Arc<EndpointConfig>) {
         let outcome = self.first_attempt(&event, &endpoint).await;
         if let AttemptResult::Failed { class, .. } = &outcome.result {
-            if let Err(e) = self.hand_off(&event, &endpoint, &outcome, *class).await {
-                // The event never completes, so no offset is stored past it.
-                let _ = self.fatal.send(e);
-                return;
+            match self.hand_off(&event, &endpoint, &outcome, *class).await {
+                Ok(()) => {}
+                // Shutdown while retrying a transient error: the event never completes, so no
+                // offset is stored past it and the next owner delivers it again.
+                Err(HopError::Abandoned(topic)) => {
+                    warn!(event = %event.id, endpoint = %endpoint.id, topic, "hand-off abandoned at shutdown");
+                    return;
+                }
+                Err(e @ HopError::Fatal { .. }) => {
+                    // The event never completes, so no offset is stored past it.
+                    let _ = self.fatal.send(anyhow!(
+                        "the hand-off of event {} for endpoint {} (dispatch {}@{}) failed: {e}",
+                        event.id,
+                        endpoint.id,
+                        event.partition,
+                        event.offset
+                    ));
+                    return;
+                }
             }
         }
         if event.pending.fetch_sub(1, Ordering::AcqRel) == 1 {
@@ -549,15 +587,15 @@ impl Dispatcher {
             .await
     }
 
-    /// Produces the delivery record of a failed attempt 1 to its next hop and waits for the
-    /// acknowledgement. An error means Kafka refused it after librdkafka's own retries.
+    /// Writes the delivery record of a failed attempt 1 to its next hop and waits for the
+    /// acknowledgement; a record that does not fit is rerouted (see `handoff_write`).
     async fn hand_off(
         &self,
         event: &Event,
         endpoint: &EndpointConfig,
         outcome: &AttemptOutcome,
         class: FailureClass,
-    ) -> anyhow::Result<()> {
+    ) -> Result<(), HopError> {
         let mut meta = DeliveryMeta::new(
             &endpoint.id,
             &event.id,
@@ -570,32 +608,36 @@ impl Dispatcher {
                 Hop::Retry { topic, .. } => (topic, HandoffTarget::Retry),
                 Hop::Dead { topic } => (topic, HandoffTarget::Dlq),
             };
-        let mut record: FutureRecord<'_, [u8], [u8]> = FutureRecord::to(&topic)
-            .payload(&event.body[..])
-            .headers(handoff::headers(&meta, event.dedupe_key.as_deref()));
-        if let Some(key) = &event.key {
-            record = record.key(&key[..]);
-        }
-        match self.producer.send(record, Timeout::Never).await {
-            Ok(_) => {
-                self.metrics.emit_handed_off(
-                    &endpoint.id,
-                    &event.id,
-                    outcome.attempt,
-                    class.as_str(),
-                    target,
-                );
-                Ok(())
-            }
-            Err((e, _)) => Err(anyhow!(
-                "kafka refused the hand-off of event {} for endpoint {} to {topic} \
-                 (dispatch {}@{}): {e}",
-                event.id,
-                endpoint.id,
-                event.partition,
-                event.offset
-            )),
-        }
+        let source = Source {
+            topic: &self.partitions.topic,
+            partition: event.partition,
+            offset: event.offset,
+        };
+        let written = self
+            .writer
+            .write(
+                &topic,
+                &mut meta,
+                event.key.as_deref(),
+                &event.body,
+                event.dedupe_key.as_deref(),
+                source,
+            )
+            .await?;
+        let target = match written {
+            Written::AsPlanned => target,
+            Written::DeadTooLarge => HandoffTarget::DlqRecordTooLarge,
+            Written::Quarantined => HandoffTarget::InvalidRecordTooLarge,
+            Written::Dropped => HandoffTarget::Dropped,
+        };
+        self.metrics.emit_handed_off(
+            &endpoint.id,
+            &event.id,
+            outcome.attempt,
+            class.as_str(),
+            target,
+        );
+        Ok(())
     }
 }
 

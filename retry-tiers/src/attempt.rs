@@ -10,19 +10,20 @@
 
 use std::sync::Arc;
 
-use anyhow::Context as _;
 use bytes::Bytes;
 use rdkafka::message::{Header, Headers, Message, OwnedHeaders};
-use rdkafka::producer::{FutureProducer, FutureRecord};
-use rdkafka::util::Timeout;
+use rdkafka::producer::FutureProducer;
 use tokio::sync::watch;
 
 use hookline_common::config::Config;
 use hookline_common::delivery::{DeadReason, DeliveryMeta};
 use hookline_common::headers as h;
+use hookline_common::produce::{self, OwnedRecord, SendError};
+use hookline_common::quarantine;
 use hookline_common::topics::Topics;
 use hookline_dispatcher::fanout::Endpoints;
 use hookline_dispatcher::handoff::{self, Hop};
+use hookline_dispatcher::handoff_write::{HopError, HopWriter, Written};
 use hookline_dispatcher::Engine;
 
 use crate::metrics::TierMetrics;
@@ -38,6 +39,8 @@ pub(crate) struct Stage {
     /// The endpoints as configured now: retries use the current URL, secrets and timeout.
     pub(crate) endpoints: Endpoints,
     pub(crate) producer: FutureProducer,
+    /// Writes next hops and dead letters, rerouting what can never be written as planned.
+    pub(crate) writer: HopWriter,
 }
 
 /// A tier record, decoded when it is received and kept until it is due.
@@ -98,8 +101,20 @@ pub(crate) struct Source<'a> {
     pub(crate) offset: i64,
 }
 
-/// Handles one due record to completion. An error means Kafka refused a write after its own
-/// retries: the record's offset must not be stored, and the stage stops. `cutoff` turns true when
+impl Source<'_> {
+    fn quarantine(&self) -> quarantine::Source<'_> {
+        quarantine::Source {
+            topic: self.topic,
+            partition: self.partition,
+            offset: self.offset,
+        }
+    }
+}
+
+/// Handles one due record to completion. An error means the record's offset must not be stored:
+/// a fatal produce error (the stage stops) or a write abandoned at shutdown ([`HopError::Abandoned`],
+/// the stage goes on stopping normally). A record that can never be written as planned is
+/// rerouted (see `handoff_write`), never an error. `cutoff` turns true when
 /// the shutdown grace is over: an attempt still running is cut short, recorded as a `timeout`,
 /// and handed off like any failure.
 pub(crate) async fn process(
@@ -108,7 +123,7 @@ pub(crate) async fn process(
     source: Source<'_>,
     pending: Pending,
     cutoff: watch::Receiver<bool>,
-) -> anyhow::Result<()> {
+) -> Result<(), HopError> {
     let (mut meta, value) = match (pending.meta, pending.value) {
         (Ok(meta), Some(value)) => (meta, value),
         (meta, value) => {
@@ -117,15 +132,14 @@ pub(crate) async fn process(
                 .unwrap_or_else(|| "the record has no value (the event bytes)".to_string());
             metrics.emit_invalid(source.partition, source.offset, &problem);
             let headers = invalid_headers(pending.raw_headers.as_ref(), &problem, &source);
-            let topic = stage.topics.invalid();
-            return produce(
-                &stage.producer,
-                &topic,
-                pending.key.as_deref(),
-                value.as_deref(),
+            let record = OwnedRecord {
+                topic: stage.topics.invalid(),
+                partition: None,
+                key: pending.key,
+                value: value.map(|v| v.to_vec()),
                 headers,
-            )
-            .await;
+            };
+            return park(stage, record, &problem, &source).await;
         }
     };
     let dedupe_key = pending.dedupe_key.as_deref();
@@ -141,9 +155,21 @@ pub(crate) async fn process(
             };
             handoff::mark_dead(&mut meta, reason);
             let topic = stage.topics.dlq();
-            let headers = handoff::headers(&meta, dedupe_key);
-            produce(&stage.producer, &topic, key, Some(&value), headers).await?;
-            metrics.emit_dead(&meta, reason);
+            let written = stage
+                .writer
+                .write(
+                    &topic,
+                    &mut meta,
+                    key,
+                    &value,
+                    dedupe_key,
+                    source.quarantine(),
+                )
+                .await?;
+            match written {
+                Written::AsPlanned => metrics.emit_dead(&meta, reason),
+                other => metrics.emit_rerouted(&meta, other),
+            }
             return Ok(());
         }
     };
@@ -164,18 +190,78 @@ pub(crate) async fn process(
         &stage.topics,
         &stage.config.retry.schedule,
     );
-    let headers = handoff::headers(&meta, dedupe_key);
-    match hop {
-        Hop::Retry { topic, .. } => {
-            produce(&stage.producer, &topic, key, Some(&value), headers).await?;
-            metrics.emit_next_tier(&meta, &topic);
-        }
-        Hop::Dead { topic } => {
-            produce(&stage.producer, &topic, key, Some(&value), headers).await?;
-            metrics.emit_dead(&meta, DeadReason::Exhausted);
-        }
+    let (Hop::Retry { topic, .. } | Hop::Dead { topic }) = &hop;
+    let written = stage
+        .writer
+        .write(
+            topic,
+            &mut meta,
+            key,
+            &value,
+            dedupe_key,
+            source.quarantine(),
+        )
+        .await?;
+    match (written, &hop) {
+        (Written::AsPlanned, Hop::Retry { topic, .. }) => metrics.emit_next_tier(&meta, topic),
+        (Written::AsPlanned, Hop::Dead { .. }) => metrics.emit_dead(&meta, DeadReason::Exhausted),
+        (other, _) => metrics.emit_rerouted(&meta, other),
     }
     Ok(())
+}
+
+/// Parks an unreadable tier record on `<p>.invalid` whole or, if it does not fit there, as a
+/// bounded `record_too_large` quarantine record; refused even so, it is logged and dropped.
+async fn park(
+    stage: &Stage,
+    record: OwnedRecord,
+    problem: &str,
+    source: &Source<'_>,
+) -> Result<(), HopError> {
+    let writer = &stage.writer;
+    let limit = writer.limits.limit(&record.topic);
+    let bounded = |detail: &str| {
+        quarantine::too_large(
+            &record.topic,
+            record.key.as_deref(),
+            record.value.as_deref(),
+            &record.header_pairs(),
+            detail,
+            source.quarantine(),
+            limit,
+        )
+    };
+    let mut current = if record.size() <= limit {
+        record.clone()
+    } else {
+        bounded(problem)
+    };
+    loop {
+        match produce::send_acked(&writer.producer, &current, &writer.errors, &writer.shutdown)
+            .await
+        {
+            Ok(()) => return Ok(()),
+            Err(SendError::Permanent { error, .. }) if current.size() == record.size() => {
+                current = bounded(&format!("{problem}; kafka refused it whole: {error}"));
+            }
+            Err(SendError::Permanent { error, .. }) => {
+                tracing::error!(
+                    partition = source.partition,
+                    offset = source.offset,
+                    error = %error,
+                    "unreadable tier record refused even as a bounded quarantine record; dropped"
+                );
+                return Ok(());
+            }
+            Err(SendError::Fatal(error)) => {
+                return Err(HopError::Fatal {
+                    topic: current.topic.clone(),
+                    error,
+                })
+            }
+            Err(SendError::Stopped) => return Err(HopError::Abandoned(current.topic.clone())),
+        }
+    }
 }
 
 /// The parked record's headers: its own (minus any quarantine headers it carried) plus the
@@ -212,29 +298,6 @@ fn invalid_headers(raw: Option<&OwnedHeaders>, problem: &str, source: &Source<'_
         });
     }
     out
-}
-
-/// Produces one record and waits for Kafka's acknowledgement (after the producer's own retries).
-pub(crate) async fn produce(
-    producer: &FutureProducer,
-    topic: &str,
-    key: Option<&[u8]>,
-    value: Option<&[u8]>,
-    headers: OwnedHeaders,
-) -> anyhow::Result<()> {
-    let mut record: FutureRecord<'_, [u8], [u8]> = FutureRecord::to(topic).headers(headers);
-    if let Some(k) = key {
-        record = record.key(k);
-    }
-    if let Some(v) = value {
-        record = record.payload(v);
-    }
-    producer
-        .send(record, Timeout::Never)
-        .await
-        .map(|_| ())
-        .map_err(|(e, _)| anyhow::Error::new(e))
-        .with_context(|| format!("kafka refused a write to {topic}"))
 }
 
 #[cfg(test)]

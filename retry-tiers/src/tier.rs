@@ -39,6 +39,7 @@ use tokio::time::Instant;
 use hookline_common::delivery::now_ms;
 use hookline_common::kafka::consumer_config;
 use hookline_common::shutdown::Shutdown;
+use hookline_dispatcher::handoff_write::HopError;
 
 use crate::attempt::{self, Pending, Source, Stage};
 use crate::metrics::TierMetrics;
@@ -135,7 +136,7 @@ struct Done {
     partition: i32,
     generation: u64,
     offset: i64,
-    result: anyhow::Result<()>,
+    result: Result<(), HopError>,
 }
 
 /// What woke the loop.
@@ -378,7 +379,18 @@ impl Worker {
             offset,
             result,
         } = done;
-        result.with_context(|| format!("record {partition}@{offset}"))?;
+        match result {
+            Ok(()) => {}
+            // Shutdown while a transient produce error was being retried: the record is not
+            // done, its offset is not stored, the next run attempts it again.
+            Err(HopError::Abandoned(topic)) => {
+                tracing::warn!(tier = %self.tier.name, partition, offset, topic, "write abandoned at shutdown");
+                return Ok(());
+            }
+            Err(e) => {
+                return Err(anyhow::Error::new(e).context(format!("record {partition}@{offset}")))
+            }
+        }
         let Some(part) = self.parts.get_mut(&partition) else {
             return Ok(());
         };
