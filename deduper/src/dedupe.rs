@@ -461,6 +461,11 @@ impl Core {
                 Err(TxnFailure::Fatal(e)) => return Err(e),
                 Err(TxnFailure::Abortable(e)) => {
                     tracing::warn!(error = %e, "dedupe transaction failed; aborting and restoring state");
+                    // A record refused as too large fails the whole transaction, and librdkafka
+                    // does not say which: re-read the limits (a topic's may have been lowered),
+                    // so the replayed batch quarantines what no longer fits instead of failing
+                    // again and again.
+                    futures::executor::block_on(self.limits.refresh());
                 }
             }
         }

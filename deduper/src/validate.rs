@@ -217,11 +217,8 @@ fn quarantine_record<M: Message>(
     limits: &Limits,
 ) -> OwnedRecord {
     let limit = limits.limit(invalid_topic);
-    let whole = whole_quarantine(invalid_topic, msg, carried, why, source);
-    if why.reason == hookline_common::envelope::InvalidReason::RecordTooLarge
-        || whole.size() > limit
-    {
-        return quarantine::too_large(
+    let bounded = || {
+        quarantine::too_large(
             invalid_topic,
             msg.key(),
             msg.payload(),
@@ -229,7 +226,15 @@ fn quarantine_record<M: Message>(
             &why.detail,
             source,
             limit,
-        );
+        )
+    };
+    // Never copy a record known to be too large (it may be many megabytes).
+    if why.reason == hookline_common::envelope::InvalidReason::RecordTooLarge {
+        return bounded();
+    }
+    let whole = whole_quarantine(invalid_topic, msg, carried, why, source);
+    if whole.size() > limit {
+        return bounded();
     }
     whole
 }
@@ -286,24 +291,29 @@ impl Fallback {
         partition: i32,
         offset: i64,
     ) -> Result<Done, SendError> {
-        let refused = match produce::await_acked(
-            &self.producer,
-            &record,
-            first,
-            &self.errors,
-            &self.shutdown,
-        )
-        .await
-        {
-            Ok(()) => return Ok(Done::Written),
-            Err(SendError::Stopped) => return Ok(Done::Stopped),
-            Err(SendError::Permanent { error, size }) => {
-                if size {
-                    self.limits.refresh().await;
+        let mut first = first;
+        let mut batch_retries = 0;
+        let refused = loop {
+            match produce::await_acked(&self.producer, &record, first, &self.errors, &self.shutdown)
+                .await
+            {
+                Ok(()) => return Ok(Done::Written),
+                Err(SendError::Stopped) => return Ok(Done::Stopped),
+                Err(SendError::Permanent { error, size }) => {
+                    if size {
+                        self.limits.refresh().await;
+                        // Fits alone: its batch was too large (a topic limit below the
+                        // producer's batch size). Send it again; batching differs next time.
+                        if record.size() <= self.limits.limit(&record.topic) && batch_retries < 3 {
+                            batch_retries += 1;
+                            first = produce::enqueue(&self.producer, &record).await;
+                            continue;
+                        }
+                    }
+                    break error;
                 }
-                error
+                Err(fatal) => return Err(fatal),
             }
-            Err(fatal) => return Err(fatal),
         };
         let source = Source {
             topic: &self.events_topic,

@@ -30,6 +30,9 @@ use hookline_common::topics::Topics;
 
 use crate::handoff;
 
+/// Times a record refused as too large, but within its topic's limit on its own, is sent again.
+const BATCH_RETRIES: u32 = 3;
+
 /// Where a delivery record ended up.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Written {
@@ -92,6 +95,7 @@ impl HopWriter {
         let dlq = self.topics.dlq();
         let mut target = topic.to_string();
         let mut written = Written::AsPlanned;
+        let mut batch_retries = 0;
         let refused = loop {
             let record = self.fitted(&target, meta, key, value, dedupe_key);
             let limit = self.limits.limit(&target);
@@ -100,6 +104,14 @@ impl HopWriter {
                     None => return Ok(written),
                     Some((error, true)) => {
                         self.limits.refresh().await;
+                        // Still fits alone: its batch was too large (a topic limit below the
+                        // producer's batch size). Send it again; batching differs next time.
+                        if record.size() <= self.limits.limit(&target)
+                            && batch_retries < BATCH_RETRIES
+                        {
+                            batch_retries += 1;
+                            continue;
+                        }
                         format!("kafka refused the record for {target} as too large: {error}")
                     }
                     // Refused for another reason (invalid record): a dead letter would be too.

@@ -75,6 +75,18 @@ fn incompressible_event(id: &str, n: usize) -> Vec<u8> {
     format!(r#"{{"id":"{id}","type":"big.thing","data":"{data}"}}"#).into_bytes()
 }
 
+/// Fails (with the stage's own error) if the stage has stopped.
+async fn assert_running(running: &mut Running, what: &str) {
+    if running.handle.as_ref().is_some_and(|h| h.is_finished()) {
+        let result = running.handle.take().map(|h| h);
+        let stopped = match result {
+            Some(h) => format!("{:?}", h.await),
+            None => "unknown".to_string(),
+        };
+        panic!("{what} must keep running; it stopped with {stopped}");
+    }
+}
+
 fn event(id: &str) -> Vec<u8> {
     format!(r#"{{"id":"{id}","type":"message.created","data":{{}}}}"#).into_bytes()
 }
@@ -134,13 +146,10 @@ async fn huge_value_and_huge_key_are_quarantined_and_the_partition_flows() {
         .await;
     }
 
-    let running = start_deduper(&config);
+    let mut running = start_deduper(&config);
     let invalid = read_until(&format!("{prefix}.invalid"), WAIT, |r| r.len() >= 2);
     let dispatch = read_until(&format!("{prefix}.dispatch"), WAIT, |r| r.len() >= 3);
-    assert!(
-        !running.handle.as_ref().is_some_and(|h| h.is_finished()),
-        "stage A must keep running"
-    );
+    assert_running(&mut running, "stage A").await;
 
     let mut ids: Vec<&str> = dispatch
         .iter()
@@ -242,13 +251,10 @@ async fn a_hand_off_too_large_for_its_tier_is_dead_lettered_and_the_dispatcher_g
         .await;
     }
 
-    let running = start_dispatcher(&config);
+    let mut running = start_dispatcher(&config);
     let dead = read_until(&format!("{prefix}.dlq"), WAIT, |r| !r.is_empty());
     let retried = read_until(&tier, WAIT, |r| !r.is_empty());
-    assert!(
-        !running.handle.as_ref().is_some_and(|h| h.is_finished()),
-        "the dispatcher must keep running"
-    );
+    assert_running(&mut running, "the dispatcher").await;
     assert_eq!(dead.len(), 1, "the big delivery is dead-lettered");
     let m = &dead[0];
     assert_eq!(header(m, h::EVENT_ID), Some("e-big"));
