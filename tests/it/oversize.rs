@@ -78,8 +78,7 @@ fn incompressible_event(id: &str, n: usize) -> Vec<u8> {
 /// Fails (with the stage's own error) if the stage has stopped.
 async fn assert_running(running: &mut Running, what: &str) {
     if running.handle.as_ref().is_some_and(|h| h.is_finished()) {
-        let result = running.handle.take().map(|h| h);
-        let stopped = match result {
+        let stopped = match running.handle.take() {
             Some(h) => format!("{:?}", h.await),
             None => "unknown".to_string(),
         };
