@@ -123,6 +123,10 @@ pub struct InputConfig {
     /// Largest accepted event value in bytes; larger ones go to `<p>.invalid`.
     #[serde(default = "default_max_payload")]
     pub max_payload_bytes: usize,
+    /// Largest accepted record key in bytes; a larger one is quarantined as `record_too_large`
+    /// (the key travels on every hop; hookline partitions by its own hash, not by the key).
+    #[serde(default = "default_max_key")]
+    pub max_key_bytes: usize,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -282,6 +286,9 @@ const fn default_state_margin() -> Duration {
 const fn default_max_payload() -> usize {
     512 * 1024
 }
+const fn default_max_key() -> usize {
+    16 * 1024
+}
 const fn default_window() -> Duration {
     Duration::from_secs(86_400)
 }
@@ -359,7 +366,8 @@ default_section!(TopicsConfig {
     dedupe_state_retention_margin: default_state_margin(),
 });
 default_section!(InputConfig {
-    max_payload_bytes: default_max_payload()
+    max_payload_bytes: default_max_payload(),
+    max_key_bytes: default_max_key()
 });
 default_section!(DedupeConfig {
     window: default_window(),
@@ -407,6 +415,8 @@ mod humantime_vec {
 
 /// Largest event Kafka accepts on our topics by default (`max.message.bytes` we set is above it).
 pub const MAX_PAYLOAD_LIMIT: usize = 4 * 1024 * 1024;
+/// Upper bound of `input.max_key_bytes`.
+pub const MAX_KEY_LIMIT: usize = 1024 * 1024;
 
 impl Config {
     /// Reads `path`, applies `HOOKLINE_…` overrides from the process environment, validates.
@@ -507,6 +517,12 @@ impl Config {
             return Err(ConfigError::field(
                 "input.max_payload_bytes",
                 format!("must be between 1 and {MAX_PAYLOAD_LIMIT}"),
+            ));
+        }
+        if self.input.max_key_bytes == 0 || self.input.max_key_bytes > MAX_KEY_LIMIT {
+            return Err(ConfigError::field(
+                "input.max_key_bytes",
+                format!("must be between 1 and {MAX_KEY_LIMIT}"),
             ));
         }
         if self.dedupe.window < Duration::from_secs(1) {

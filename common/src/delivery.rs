@@ -38,6 +38,11 @@ pub const DEFERRED: &str = "deferred";
 pub const MAX_HISTORY: usize = 16;
 /// Bytes of response body kept per attempt in the history.
 pub const MAX_SNIPPET: usize = 512;
+/// Longest `hookline-history` header, in bytes of JSON. Sixteen attempts with 512-byte snippets
+/// are ~10 KiB; snippets full of characters JSON must escape could reach ~50 KiB, so older
+/// attempts are dropped (the first and the last are always kept, the attempt number still
+/// counts every attempt) until the history fits. Part of the room stage A reserves for headers.
+pub const MAX_HISTORY_BYTES: usize = 16 * 1024;
 
 /// One past attempt.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -69,6 +74,9 @@ pub enum DeadReason {
     /// The endpoint no longer subscribes to the event (its tenant or event types changed
     /// between attempts): sending would reach a receiver that did not ask for it.
     EndpointUnsubscribed,
+    /// The delivery record no longer fits the next tier's topic (its `max.message.bytes` was
+    /// lowered after the event was admitted); the DLQ keeps it whole.
+    RecordTooLarge,
 }
 
 impl DeadReason {
@@ -78,6 +86,7 @@ impl DeadReason {
             DeadReason::EndpointRemoved => "endpoint_removed",
             DeadReason::EndpointDisabled => "endpoint_disabled",
             DeadReason::EndpointUnsubscribed => "endpoint_unsubscribed",
+            DeadReason::RecordTooLarge => "record_too_large",
         }
     }
     pub fn parse(s: &str) -> Option<Self> {
@@ -86,6 +95,7 @@ impl DeadReason {
             "endpoint_removed" => Some(DeadReason::EndpointRemoved),
             "endpoint_disabled" => Some(DeadReason::EndpointDisabled),
             "endpoint_unsubscribed" => Some(DeadReason::EndpointUnsubscribed),
+            "record_too_large" => Some(DeadReason::RecordTooLarge),
             _ => None,
         }
     }
@@ -147,14 +157,43 @@ impl DeliveryMeta {
         }
     }
 
-    /// Appends an attempt, keeping the first and the most recent ones within [`MAX_HISTORY`] and
-    /// each snippet within [`MAX_SNIPPET`] bytes.
+    /// Appends an attempt, keeping the first and the most recent ones within [`MAX_HISTORY`]
+    /// entries and [`MAX_HISTORY_BYTES`], and each snippet within [`MAX_SNIPPET`] bytes.
     pub fn push_attempt(&mut self, mut a: AttemptRecord) {
         a.snippet = truncate(&a.snippet, MAX_SNIPPET);
         self.history.push(a);
         if self.history.len() > MAX_HISTORY {
             self.history.remove(1);
         }
+        self.shrink_history(MAX_HISTORY_BYTES);
+    }
+
+    /// Bytes of the `hookline-history` header.
+    pub fn history_bytes(&self) -> usize {
+        serde_json::to_string(&self.history).map_or(2, |s| s.len())
+    }
+
+    /// Shrinks the history until its JSON is at most `budget` bytes: drops the oldest attempts
+    /// after the first, then empties snippets (oldest first), then keeps only the last attempt,
+    /// then nothing. Returns whether it fits. Used on every append and, with a smaller budget,
+    /// by a hand-off whose record would not fit its topic.
+    pub fn shrink_history(&mut self, budget: usize) -> bool {
+        while self.history_bytes() > budget && self.history.len() > 2 {
+            self.history.remove(1);
+        }
+        for i in 0..self.history.len() {
+            if self.history_bytes() <= budget {
+                break;
+            }
+            self.history[i].snippet.clear();
+        }
+        if self.history_bytes() > budget && self.history.len() > 1 {
+            self.history.drain(..self.history.len() - 1);
+        }
+        if self.history_bytes() > budget {
+            self.history.clear();
+        }
+        self.history_bytes() <= budget
     }
 
     /// Headers for this delivery (name, value) in a stable order.
@@ -364,5 +403,56 @@ mod tests {
         assert_eq!(m.history[0].n, 1);
         assert_eq!(m.history.last().map(|a| a.n), Some(39));
         assert!(m.history.iter().all(|a| a.snippet.len() <= MAX_SNIPPET));
+    }
+
+    #[test]
+    fn history_bytes_are_bounded_even_when_every_snippet_must_be_escaped() {
+        let mut m = sample();
+        for n in 2..40 {
+            m.push_attempt(AttemptRecord {
+                n,
+                at_ms: n as i64,
+                duration_ms: 1,
+                status: Some(500),
+                class: "http_status".into(),
+                // Control characters are escaped as \u0001: six bytes each in JSON.
+                snippet: "\u{1}".repeat(2000),
+            });
+            assert!(
+                m.history_bytes() <= MAX_HISTORY_BYTES,
+                "{}",
+                m.history_bytes()
+            );
+        }
+        assert_eq!(m.history[0].n, 1, "the first attempt is kept");
+        assert_eq!(m.history.last().map(|a| a.n), Some(39), "the last too");
+    }
+
+    #[test]
+    fn shrinking_drops_middle_attempts_then_snippets_then_all_but_the_last() {
+        let mut m = sample();
+        for n in 2..10 {
+            m.push_attempt(AttemptRecord {
+                n,
+                at_ms: n as i64,
+                duration_ms: 1,
+                status: None,
+                class: "timeout".into(),
+                snippet: "s".repeat(400),
+            });
+        }
+        assert!(m.shrink_history(1_000));
+        assert_eq!(
+            m.history.iter().map(|a| a.n).collect::<Vec<_>>(),
+            [1, 9],
+            "first and last kept"
+        );
+        assert!(m.shrink_history(200));
+        assert!(m.history.iter().all(|a| a.snippet.is_empty()));
+        assert!(m.shrink_history(100));
+        assert_eq!(m.history.iter().map(|a| a.n).collect::<Vec<_>>(), [9]);
+        assert!(m.shrink_history(2));
+        assert!(m.history.is_empty());
+        assert!(!m.shrink_history(1), "an empty list is 2 bytes of JSON");
     }
 }

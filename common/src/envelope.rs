@@ -40,10 +40,15 @@ pub enum InvalidReason {
     BadTenant,
     /// A dedupe-key pointer configured for this type does not resolve to a string or number.
     MissingDedupeField,
+    /// The record cannot travel through the pipeline: its key is over `input.max_key_bytes`, or
+    /// key + value + headers (with room for hookline's headers) exceed the smallest
+    /// `max.message.bytes` on its way, or Kafka refused it as too large. Quarantined with
+    /// bounded prefixes and the original sizes (see `quarantine.rs`).
+    RecordTooLarge,
 }
 
 impl InvalidReason {
-    pub const ALL: [InvalidReason; 9] = [
+    pub const ALL: [InvalidReason; 10] = [
         InvalidReason::PayloadTooLarge,
         InvalidReason::NotJson,
         InvalidReason::NotObject,
@@ -53,6 +58,7 @@ impl InvalidReason {
         InvalidReason::BadType,
         InvalidReason::BadTenant,
         InvalidReason::MissingDedupeField,
+        InvalidReason::RecordTooLarge,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -66,6 +72,7 @@ impl InvalidReason {
             InvalidReason::BadType => "bad_type",
             InvalidReason::BadTenant => "bad_tenant",
             InvalidReason::MissingDedupeField => "missing_dedupe_field",
+            InvalidReason::RecordTooLarge => "record_too_large",
         }
     }
 }
@@ -369,6 +376,7 @@ mod tests {
         Validator::new(
             &InputConfig {
                 max_payload_bytes: 1024,
+                max_key_bytes: 1024,
             },
             &[
                 DedupeKeyRule {

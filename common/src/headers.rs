@@ -14,3 +14,9 @@ pub const EVENT_ID: &str = "hookline-event-id";
 pub const EVENT_TYPE: &str = "hookline-event-type";
 pub const TENANT: &str = "hookline-tenant";
 pub const DEDUPE_KEY: &str = "hookline-dedupe-key";
+
+/// On a `record_too_large` quarantine record: the sizes of the original key, value and
+/// producer headers (the record itself carries bounded prefixes).
+pub const ORIGINAL_KEY_BYTES: &str = "hookline-original-key-bytes";
+pub const ORIGINAL_VALUE_BYTES: &str = "hookline-original-value-bytes";
+pub const ORIGINAL_HEADERS_BYTES: &str = "hookline-original-headers-bytes";

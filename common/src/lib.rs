@@ -11,6 +11,9 @@
 //!   letter passes, so work of a revoked partition never writes.
 //! - [`ops`]: `/metrics`, `/healthz`, `/readyz`; [`telemetry`]: logging; [`shutdown`]: SIGTERM.
 //! - [`keyhash`]: the stable 128-bit hash of dedupe keys and the partition it picks.
+//! - [`produce`]: produce errors classified (permanent / transient / fatal) and acknowledged
+//!   sends; [`recordsize`]: record sizes and topic size limits; [`quarantine`]: the
+//!   `record_too_large` quarantine record.
 
 pub mod config;
 pub mod delivery;
@@ -21,7 +24,10 @@ pub mod kafka;
 pub mod keyhash;
 pub mod ops;
 pub mod ownership;
+pub mod produce;
 pub mod progress;
+pub mod quarantine;
+pub mod recordsize;
 pub mod secret;
 pub mod shutdown;
 pub mod telemetry;

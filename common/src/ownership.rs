@@ -24,7 +24,33 @@ use std::collections::HashMap;
 use std::sync::{Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
+use rdkafka::error::KafkaError;
+use rdkafka::producer::DeliveryFuture;
 use tokio::sync::watch;
+
+use crate::produce::WriteGate;
+
+/// A write's claim on its partition: the gate of `partition` in the generation the work was read
+/// in. Writes made through it ([`crate::produce::send_acked_through`]) happen only while the
+/// partition is still owned in that generation.
+pub struct Claim<'a, S> {
+    pub ownership: &'a Ownership<S>,
+    pub partition: i32,
+    pub generation: u64,
+}
+
+impl<S: Default + Send> WriteGate for Claim<'_, S> {
+    fn enqueue(
+        &self,
+        send: &mut dyn FnMut() -> Result<DeliveryFuture, KafkaError>,
+    ) -> Option<Result<DeliveryFuture, KafkaError>> {
+        self.ownership
+            .enqueue(self.partition, self.generation, send)
+    }
+    fn acked(&self) {
+        self.ownership.acked(self.partition, self.generation);
+    }
+}
 
 /// The gate and state of every partition a consumer owns.
 pub struct Ownership<S> {

@@ -57,6 +57,9 @@ use hookline_common::kafka::{
 };
 use hookline_common::keyhash::key_hash;
 use hookline_common::ops::StageProbe;
+use hookline_common::produce::{classify, OwnedRecord, ProduceErrorClass, ProduceErrors};
+use hookline_common::quarantine::{self, Source};
+use hookline_common::recordsize::Limits;
 use hookline_common::shutdown::Shutdown;
 use hookline_common::topics::Topics;
 
@@ -86,17 +89,22 @@ pub async fn run(
     config: Arc<Config>,
     registry: prometheus::Registry,
     probe: StageProbe,
+    produce_errors: ProduceErrors,
     mut shutdown: Shutdown,
 ) -> anyhow::Result<()> {
     let metrics = DedupeMetrics::new(&registry).context("registering stage B metrics")?;
     check_partitions(&config).await?;
+    let topics = Topics::new(&config.topics.prefix);
+    let limits = Limits::fetch(&config, vec![topics.dispatch(), topics.invalid()])
+        .await
+        .context("reading topic size limits")?;
     let stop = Arc::new(AtomicBool::new(false));
     let (done_tx, done_rx) = tokio::sync::oneshot::channel();
     let thread_stop = stop.clone();
     std::thread::Builder::new()
         .name("dedupe-txn".into())
         .spawn(move || {
-            let result = run_blocking(config, metrics, probe, thread_stop);
+            let result = run_blocking(config, metrics, limits, produce_errors, probe, thread_stop);
             let _ = done_tx.send(result);
         })
         .context("spawning the dedupe thread")?;
@@ -188,6 +196,10 @@ struct Core {
     topics: Topics,
     producer: ThreadedProducer<rdkafka::producer::DefaultProducerContext>,
     metrics: DedupeMetrics,
+    /// Size limits of `<p>.dispatch` and `<p>.invalid`: a record that does not fit is
+    /// quarantined, never sent to fail the transaction over and over.
+    limits: Limits,
+    produce_errors: ProduceErrors,
     parts: HashMap<i32, PartState>,
     next_generation: u64,
     restore_tx: mpsc::Sender<anyhow::Result<Restored>>,
@@ -382,16 +394,38 @@ impl Core {
                 }
             }
             let dispatch = self.topics.dispatch();
-            let mut rec: BaseRecord<'_, [u8], [u8]> = BaseRecord::to(&dispatch)
-                .partition(partition)
-                .headers(headers);
-            if let Some(k) = msg.key() {
-                rec = rec.key(k);
+            let size = hookline_common::recordsize::record_bytes(
+                msg.key().map_or(0, <[u8]>::len),
+                msg.payload().map_or(0, <[u8]>::len),
+                hookline_common::recordsize::headers_bytes(
+                    headers
+                        .iter()
+                        .map(|hd| (hd.key, hd.value.map_or(0, <[u8]>::len))),
+                ),
+            );
+            let limit = self.limits.limit(&dispatch);
+            let refused = if size > limit {
+                Some(format!(
+                    "the record is {size} bytes, the limit of {dispatch} is {limit}"
+                ))
+            } else {
+                let mut rec: BaseRecord<'_, [u8], [u8]> = BaseRecord::to(&dispatch)
+                    .partition(partition)
+                    .headers(headers);
+                if let Some(k) = msg.key() {
+                    rec = rec.key(k);
+                }
+                if let Some(v) = msg.payload() {
+                    rec = rec.payload(v);
+                }
+                self.send(rec)?
+                    .map(|e| format!("kafka refused the record for {dispatch}: {e}"))
+            };
+            if let Some(problem) = refused {
+                // Not written by stage A (which admits only what fits every hop), or a limit
+                // lowered since: quarantine it inside this transaction and move on.
+                self.quarantine_too_large(msg, &problem)?;
             }
-            if let Some(v) = msg.payload() {
-                rec = rec.payload(v);
-            }
-            self.send(rec)?;
             if let Some(k) = &key {
                 let state_topic = self.topics.dedupe_state();
                 let hash = key_hash(k).to_be_bytes();
@@ -411,17 +445,72 @@ impl Core {
         Ok(())
     }
 
-    fn send(&self, mut rec: BaseRecord<'_, [u8], [u8]>) -> anyhow::Result<()> {
+    /// Enqueues a record in the open transaction. `Ok(Some(e))`: refused for good (e.g. larger
+    /// than the producer's `message.max.bytes`), the caller reroutes it.
+    fn send(&self, mut rec: BaseRecord<'_, [u8], [u8]>) -> anyhow::Result<Option<KafkaError>> {
         loop {
             match self.producer.send(rec) {
-                Ok(()) => return Ok(()),
+                Ok(()) => return Ok(None),
                 Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), r)) => {
                     rec = r;
                     std::thread::sleep(Duration::from_millis(5));
                 }
-                Err((e, _)) => bail!("producing in the dedupe transaction: {e}"),
+                Err((e, r)) => {
+                    let class = classify(&e);
+                    self.produce_errors.emit(r.topic, class, &e);
+                    if class == ProduceErrorClass::Permanent {
+                        return Ok(Some(e));
+                    }
+                    bail!("producing in the dedupe transaction: {e}")
+                }
             }
         }
+    }
+
+    /// Writes the bounded `record_too_large` quarantine record of a `<p>.dedupe` record that
+    /// cannot be forwarded, in the open transaction.
+    fn quarantine_too_large(&self, msg: &BorrowedMessage<'_>, problem: &str) -> anyhow::Result<()> {
+        let invalid = self.topics.invalid();
+        let headers: Vec<(String, Option<Vec<u8>>)> = msg
+            .headers()
+            .map(|hs| {
+                hs.iter()
+                    .map(|hd| (hd.key.to_string(), hd.value.map(<[u8]>::to_vec)))
+                    .collect()
+            })
+            .unwrap_or_default();
+        let record: OwnedRecord = quarantine::too_large(
+            &invalid,
+            msg.key(),
+            msg.payload(),
+            &headers,
+            problem,
+            Source {
+                topic: msg.topic(),
+                partition: msg.partition(),
+                offset: msg.offset(),
+            },
+            self.limits.limit(&invalid),
+        );
+        self.metrics
+            .emit_too_large(msg.partition(), msg.offset(), problem);
+        let mut rec: BaseRecord<'_, [u8], [u8]> =
+            BaseRecord::to(&invalid).headers(record.headers.clone());
+        if let Some(k) = &record.key {
+            rec = rec.key(&k[..]);
+        }
+        if let Some(v) = &record.value {
+            rec = rec.payload(&v[..]);
+        }
+        if let Some(e) = self.send(rec)? {
+            tracing::error!(
+                partition = msg.partition(),
+                offset = msg.offset(),
+                error = %e,
+                "record refused even as a bounded quarantine record; dropped"
+            );
+        }
+        Ok(())
     }
 
     fn batch_due(&self) -> bool {
@@ -456,6 +545,11 @@ impl Core {
                 Err(TxnFailure::Fatal(e)) => return Err(e),
                 Err(TxnFailure::Abortable(e)) => {
                     tracing::warn!(error = %e, "dedupe transaction failed; aborting and restoring state");
+                    // A record refused as too large fails the whole transaction, and librdkafka
+                    // does not say which: re-read the limits (a topic's may have been lowered),
+                    // so the replayed batch quarantines what no longer fits instead of failing
+                    // again and again.
+                    futures::executor::block_on(self.limits.refresh());
                 }
             }
         }
@@ -599,6 +693,8 @@ fn transactional_id(config: &Config) -> String {
 fn run_blocking(
     config: Arc<Config>,
     metrics: DedupeMetrics,
+    limits: Limits,
+    produce_errors: ProduceErrors,
     probe: StageProbe,
     stop: Arc<AtomicBool>,
 ) -> anyhow::Result<()> {
@@ -628,6 +724,8 @@ fn run_blocking(
         topics: topics.clone(),
         producer,
         metrics,
+        limits,
+        produce_errors,
         parts: HashMap::new(),
         next_generation: 0,
         restore_tx,

@@ -28,11 +28,14 @@ pub async fn run(
 ) -> anyhow::Result<()> {
     let probe_a = readiness.register(validate::STAGE);
     let probe_b = readiness.register(dedupe::STAGE);
+    // One family for both stages: `hookline_deduper_produce_errors_total{class}`.
+    let produce_errors = hookline_common::produce::ProduceErrors::register(&registry, "deduper")?;
     let a = async {
         let result = validate::run(
             config.clone(),
             registry.clone(),
             probe_a.clone(),
+            produce_errors.clone(),
             shutdown.clone(),
         )
         .await;
@@ -44,6 +47,7 @@ pub async fn run(
             config.clone(),
             registry.clone(),
             probe_b.clone(),
+            produce_errors.clone(),
             shutdown.clone(),
         )
         .await;

@@ -10,6 +10,7 @@ use hookline_common::envelope::{Invalid, InvalidReason};
 pub struct ValidateMetrics {
     valid: IntCounter,
     invalid: IntCounterVec,
+    dropped: IntCounter,
 }
 
 impl ValidateMetrics {
@@ -25,13 +26,22 @@ impl ValidateMetrics {
             ),
             &["reason"],
         )?;
+        let dropped = IntCounter::with_opts(Opts::new(
+            "hookline_deduper_dropped_records_total",
+            "Input records that could be written nowhere, not even as a bounded quarantine record",
+        ))?;
         registry.register(Box::new(valid.clone()))?;
         registry.register(Box::new(invalid.clone()))?;
+        registry.register(Box::new(dropped.clone()))?;
         // Pre-create every label so dashboards show zeros rather than gaps.
         for r in InvalidReason::ALL {
             invalid.with_label_values(&[r.as_str()]);
         }
-        Ok(ValidateMetrics { valid, invalid })
+        Ok(ValidateMetrics {
+            valid,
+            invalid,
+            dropped,
+        })
     }
 
     pub fn emit_valid(&self) {
@@ -48,12 +58,25 @@ impl ValidateMetrics {
         );
         self.invalid.with_label_values(&[why.reason.as_str()]).inc();
     }
+
+    /// Kafka refused even the bounded `record_too_large` quarantine record of an input (the
+    /// invalid topic's limit is absurdly small): nothing was written; the stage moves on.
+    pub fn emit_dropped(&self, partition: i32, offset: i64, error: &rdkafka::error::KafkaError) {
+        tracing::error!(
+            partition,
+            offset,
+            error = %error,
+            "record refused even as a bounded quarantine record; dropped"
+        );
+        self.dropped.inc();
+    }
 }
 
 /// Stage B (dedupe) metrics.
 #[derive(Clone)]
 pub struct DedupeMetrics {
     forwarded: IntCounter,
+    too_large: IntCounter,
     duplicates: IntCounter,
     unkeyed: IntCounter,
     transactions: IntCounterVec,
@@ -69,6 +92,10 @@ impl DedupeMetrics {
         let forwarded = IntCounter::with_opts(Opts::new(
             "hookline_deduper_forwarded_total",
             "First sightings forwarded to <p>.dispatch (committed or about to be)",
+        ))?;
+        let too_large = IntCounter::with_opts(Opts::new(
+            "hookline_deduper_too_large_total",
+            "First sightings too large for <p>.dispatch, quarantined as record_too_large",
         ))?;
         let duplicates = IntCounter::with_opts(Opts::new(
             "hookline_deduper_duplicates_total",
@@ -112,6 +139,7 @@ impl DedupeMetrics {
             "Bytes held by the seen-set tables of this process",
         )?;
         registry.register(Box::new(forwarded.clone()))?;
+        registry.register(Box::new(too_large.clone()))?;
         registry.register(Box::new(duplicates.clone()))?;
         registry.register(Box::new(unkeyed.clone()))?;
         registry.register(Box::new(transactions.clone()))?;
@@ -125,6 +153,7 @@ impl DedupeMetrics {
         }
         Ok(DedupeMetrics {
             forwarded,
+            too_large,
             duplicates,
             unkeyed,
             transactions,
@@ -138,6 +167,17 @@ impl DedupeMetrics {
 
     pub fn emit_forwarded(&self) {
         self.forwarded.inc();
+    }
+
+    /// A first sighting that cannot be forwarded was quarantined as `record_too_large`.
+    pub fn emit_too_large(&self, partition: i32, offset: i64, problem: &str) {
+        tracing::warn!(
+            partition,
+            offset,
+            problem,
+            "dedupe record too large to forward; quarantined to the invalid topic"
+        );
+        self.too_large.inc();
     }
 
     pub fn emit_duplicate(&self) {

@@ -4,6 +4,13 @@
 //! At-least-once: a record's offset is stored only after its output is acknowledged by Kafka,
 //! in the order records were received (so the stored offset is always a contiguous prefix).
 //! A crash re-sends at most the unacknowledged tail; stage B collapses those copies.
+//!
+//! Sizes: an event is admitted only if its key is within `input.max_key_bytes` and key + value +
+//! producer headers + the room reserved for hookline's own headers fit the smallest
+//! `max.message.bytes` of every topic it may travel to (read from the broker at start), so every
+//! later hop fits by construction. Anything else is quarantined as `record_too_large` with
+//! bounded prefixes; a record Kafka still refuses for good is quarantined the same way. A
+//! record that can never be written never stops the stage (see `hookline_common::produce`).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -12,17 +19,20 @@ use anyhow::{bail, Context as _};
 use futures::stream::FuturesOrdered;
 use futures::StreamExt;
 use rdkafka::consumer::{CommitMode, Consumer, StreamConsumer};
-use rdkafka::message::{Header, Headers, Message, OwnedHeaders};
-use rdkafka::producer::{DeliveryFuture, FutureProducer, FutureRecord, Producer};
+use rdkafka::message::{Headers, Message};
+use rdkafka::producer::{FutureProducer, Producer};
 use rdkafka::util::Timeout;
 use rdkafka::TopicPartitionList;
 
 use hookline_common::config::Config;
-use hookline_common::envelope::Validator;
+use hookline_common::envelope::{Invalid, Validator};
 use hookline_common::headers as h;
 use hookline_common::kafka::{consumer_config, producer_config, AssignmentProbe};
 use hookline_common::keyhash::{key_hash, partition_for};
 use hookline_common::ops::StageProbe;
+use hookline_common::produce::{self, owned_headers, OwnedRecord, ProduceErrors, SendError};
+use hookline_common::quarantine::{self, Source};
+use hookline_common::recordsize::{self, Limits};
 use hookline_common::shutdown::Shutdown;
 use hookline_common::topics::Topics;
 
@@ -34,12 +44,38 @@ const MAX_IN_FLIGHT: usize = 10_000;
 /// The consumer group of stage A.
 pub const STAGE: &str = "deduper.validate";
 
-/// Runs stage A until shutdown. Returns an error (process exits non-zero) if Kafka refuses a
-/// write after its own retries: offsets are never stored past a record whose output was lost.
+/// Every topic a record admitted by stage A may be written to later (its own output, the
+/// quarantine, stage B's output, every tier, the DLQ): admission checks the smallest limit.
+fn downstream_topics(config: &Config, topics: &Topics) -> Vec<String> {
+    let mut out = vec![topics.dedupe(), topics.invalid(), topics.dispatch()];
+    out.extend(
+        config
+            .retry
+            .schedule
+            .iter()
+            .skip(1)
+            .map(|offset| topics.retry(*offset)),
+    );
+    out.push(topics.dlq());
+    out
+}
+
+/// What became of one input record.
+enum Done {
+    /// Its output (or its quarantine record) is acknowledged: store its offset.
+    Written,
+    /// Shutdown came while a transient error was being retried: store nothing from here on.
+    Stopped,
+}
+
+/// Runs stage A until shutdown. A record that can never be written is quarantined (or, if even
+/// that is impossible, logged and counted) and never stops the stage; transient produce errors
+/// are retried; only a fatal one (fenced, not authorised, topic gone) returns an error.
 pub async fn run(
     config: Arc<Config>,
     registry: prometheus::Registry,
     probe: StageProbe,
+    produce_errors: ProduceErrors,
     mut shutdown: Shutdown,
 ) -> anyhow::Result<()> {
     let topics = Topics::new(&config.topics.prefix);
@@ -57,6 +93,12 @@ pub async fn run(
     let events_topic = topics.events();
     let partitions =
         check_partitions(&config, &[&events_topic, &dedupe_topic, &invalid_topic]).await?;
+    let downstream = downstream_topics(&config, &topics);
+    let limits = Arc::new(
+        Limits::fetch(&config, downstream.clone())
+            .await
+            .context("reading topic size limits")?,
+    );
     consumer
         .subscribe(&[&events_topic])
         .with_context(|| format!("subscribing to {events_topic}"))?;
@@ -65,6 +107,7 @@ pub async fn run(
     let mut pending: FuturesOrdered<_> = FuturesOrdered::new();
     // The loop turns at least once a second, so its heartbeat means "not stuck" even when idle.
     let mut tick = tokio::time::interval(Duration::from_secs(1));
+    let mut stopped = false;
     loop {
         probe.beat();
         let can_read = pending.len() < MAX_IN_FLIGHT;
@@ -73,7 +116,7 @@ pub async fn run(
             _ = shutdown.wait() => break,
             _ = tick.tick() => {}
             Some((partition, offset, result)) = pending.next(), if !pending.is_empty() => {
-                finish(&consumer, &events_topic, partition, offset, result)?;
+                stopped |= finish(&consumer, &events_topic, partition, offset, result, stopped)?;
             }
             msg = consumer.recv(), if can_read => {
                 let msg = match msg {
@@ -84,53 +127,66 @@ pub async fn run(
                     }
                 };
                 let (partition, offset) = (msg.partition(), msg.offset());
-                let mut headers = OwnedHeaders::new();
-                if let Some(src) = msg.headers() {
-                    // Producers cannot spoof our metadata headers.
-                    for hd in src.iter().filter(|hd| !hd.key.starts_with("hookline-")) {
-                        headers = headers.insert(Header { key: hd.key, value: hd.value });
-                    }
-                }
-                let (topic, target_partition, headers) = match validator.validate(msg.payload()) {
+                // Producers cannot spoof our metadata headers.
+                let carried: Vec<(String, Option<Vec<u8>>)> = msg
+                    .headers()
+                    .map(|src| {
+                        src.iter()
+                            .filter(|hd| !hd.key.starts_with("hookline-"))
+                            .map(|hd| (hd.key.to_string(), hd.value.map(<[u8]>::to_vec)))
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                let carried_bytes = recordsize::headers_bytes(
+                    carried.iter().map(|(k, v)| (k.as_str(), v.as_ref().map_or(0, Vec::len))),
+                );
+                let source = Source { topic: &events_topic, partition, offset };
+                let admitted = recordsize::admit(
+                    msg.key().map_or(0, <[u8]>::len),
+                    msg.payload().map_or(0, <[u8]>::len),
+                    carried_bytes,
+                    config.input.max_key_bytes,
+                    limits.min_limit(downstream.iter().map(String::as_str)),
+                );
+                let record = match admitted.and_then(|()| validator.validate(msg.payload())) {
                     Ok(ev) => {
                         metrics.emit_valid();
-                        let headers = headers
-                            .insert(Header { key: h::EVENT_ID, value: Some(ev.id.as_bytes()) })
-                            .insert(Header { key: h::EVENT_TYPE, value: Some(ev.event_type.as_bytes()) })
-                            .insert(Header { key: h::DEDUPE_KEY, value: Some(ev.dedupe_key.as_bytes()) });
-                        let headers = match &ev.tenant {
-                            Some(t) => headers.insert(Header { key: h::TENANT, value: Some(t.as_bytes()) }),
-                            None => headers,
-                        };
-                        let p = partition_for(key_hash(&ev.dedupe_key), partitions);
-                        (&dedupe_topic, Some(p), headers)
+                        let mut headers: Vec<(&str, Option<&[u8]>)> = carried
+                            .iter()
+                            .map(|(k, v)| (k.as_str(), v.as_deref()))
+                            .collect();
+                        headers.push((h::EVENT_ID, Some(ev.id.as_bytes())));
+                        headers.push((h::EVENT_TYPE, Some(ev.event_type.as_bytes())));
+                        headers.push((h::DEDUPE_KEY, Some(ev.dedupe_key.as_bytes())));
+                        if let Some(t) = &ev.tenant {
+                            headers.push((h::TENANT, Some(t.as_bytes())));
+                        }
+                        OwnedRecord {
+                            topic: dedupe_topic.clone(),
+                            partition: Some(partition_for(key_hash(&ev.dedupe_key), partitions)),
+                            key: msg.key().map(<[u8]>::to_vec),
+                            value: msg.payload().map(<[u8]>::to_vec),
+                            headers: owned_headers(headers),
+                        }
                     }
                     Err(why) => {
                         metrics.emit_invalid(partition, offset, &why);
-                        let offset_s = offset.to_string();
-                        let partition_s = partition.to_string();
-                        let headers = headers
-                            .insert(Header { key: h::INVALID_REASON, value: Some(why.reason.as_str()) })
-                            .insert(Header { key: h::INVALID_DETAIL, value: Some(why.detail.as_str()) })
-                            .insert(Header { key: h::SOURCE_TOPIC, value: Some(events_topic.as_str()) })
-                            .insert(Header { key: h::SOURCE_PARTITION, value: Some(partition_s.as_str()) })
-                            .insert(Header { key: h::SOURCE_OFFSET, value: Some(offset_s.as_str()) });
-                        (&invalid_topic, None, headers)
+                        quarantine_record(&invalid_topic, &msg, &carried, &why, source, &limits)
                     }
                 };
-                let mut record: FutureRecord<'_, [u8], [u8]> = FutureRecord::to(topic).headers(headers);
-                if let Some(p) = target_partition {
-                    record = record.partition(p);
-                }
-                if let Some(k) = msg.key() {
-                    record = record.key(k);
-                }
-                if let Some(v) = msg.payload() {
-                    record = record.payload(v);
-                }
-                let delivery = enqueue(&producer, record).await?;
+                let first = produce::enqueue(&producer, &record).await;
+                let ctx = Fallback {
+                    producer: producer.clone(),
+                    errors: produce_errors.clone(),
+                    shutdown: shutdown.clone(),
+                    limits: limits.clone(),
+                    metrics: metrics.clone(),
+                    invalid_topic: invalid_topic.clone(),
+                    events_topic: events_topic.clone(),
+                };
                 pending.push_back(async move {
-                    (partition, offset, delivery.await)
+                    let result = ctx.write(record, first, partition, offset).await;
+                    (partition, offset, result)
                 });
             }
         }
@@ -138,7 +194,7 @@ pub async fn run(
 
     tracing::info!(in_flight = pending.len(), "validation stage draining");
     while let Some((partition, offset, result)) = pending.next().await {
-        finish(&consumer, &events_topic, partition, offset, result)?;
+        stopped |= finish(&consumer, &events_topic, partition, offset, result, stopped)?;
     }
     match consumer.commit_consumer_state(CommitMode::Sync) {
         Ok(())
@@ -154,41 +210,163 @@ pub async fn run(
     Ok(())
 }
 
-/// Hands a record to the producer, waiting while its queue is full (back-pressure).
-async fn enqueue(
-    producer: &FutureProducer,
-    mut record: FutureRecord<'_, [u8], [u8]>,
-) -> anyhow::Result<DeliveryFuture> {
-    loop {
-        match producer.send_result(record) {
-            Ok(d) => return Ok(d),
-            Err((
-                rdkafka::error::KafkaError::MessageProduction(
-                    rdkafka::types::RDKafkaErrorCode::QueueFull,
-                ),
-                r,
-            )) => {
-                record = r;
-                tokio::time::sleep(Duration::from_millis(10)).await;
+/// The quarantine record of an input: whole with the reason, or, when the input is too large
+/// to be written whole, the bounded `record_too_large` record.
+fn quarantine_record<M: Message>(
+    invalid_topic: &str,
+    msg: &M,
+    carried: &[(String, Option<Vec<u8>>)],
+    why: &Invalid,
+    source: Source<'_>,
+    limits: &Limits,
+) -> OwnedRecord {
+    let limit = limits.limit(invalid_topic);
+    let bounded = || {
+        quarantine::too_large(
+            invalid_topic,
+            msg.key(),
+            msg.payload(),
+            carried,
+            &why.detail,
+            source,
+            limit,
+        )
+    };
+    // Never copy a record known to be too large (it may be many megabytes).
+    if why.reason == hookline_common::envelope::InvalidReason::RecordTooLarge {
+        return bounded();
+    }
+    let whole = whole_quarantine(invalid_topic, msg, carried, why, source);
+    if whole.size() > limit {
+        return bounded();
+    }
+    whole
+}
+
+/// The input's key, value and headers with the reason, detail and source position.
+fn whole_quarantine<M: Message>(
+    invalid_topic: &str,
+    msg: &M,
+    carried: &[(String, Option<Vec<u8>>)],
+    why: &Invalid,
+    source: Source<'_>,
+) -> OwnedRecord {
+    let (partition_s, offset_s) = (source.partition.to_string(), source.offset.to_string());
+    let mut headers: Vec<(&str, Option<&[u8]>)> = carried
+        .iter()
+        .map(|(k, v)| (k.as_str(), v.as_deref()))
+        .collect();
+    headers.extend([
+        (h::INVALID_REASON, Some(why.reason.as_str().as_bytes())),
+        (h::INVALID_DETAIL, Some(why.detail.as_bytes())),
+        (h::SOURCE_TOPIC, Some(source.topic.as_bytes())),
+        (h::SOURCE_PARTITION, Some(partition_s.as_bytes())),
+        (h::SOURCE_OFFSET, Some(offset_s.as_bytes())),
+    ]);
+    OwnedRecord {
+        topic: invalid_topic.to_string(),
+        partition: None,
+        key: msg.key().map(<[u8]>::to_vec),
+        value: msg.payload().map(<[u8]>::to_vec),
+        headers: owned_headers(headers),
+    }
+}
+
+/// What a pending write needs to finish on its own: wait for the acknowledgement, retry
+/// transient errors, and reroute a record Kafka refuses for good.
+struct Fallback {
+    producer: FutureProducer,
+    errors: ProduceErrors,
+    shutdown: Shutdown,
+    limits: Arc<Limits>,
+    metrics: ValidateMetrics,
+    invalid_topic: String,
+    events_topic: String,
+}
+
+impl Fallback {
+    /// Waits for `record` (enqueued as `first`). Refused for good: re-reads the size limits and
+    /// quarantines a bounded `record_too_large` record instead; refused again: logs and counts
+    /// it as dropped. Never an error for this record's sake: only a fatal error stops the stage.
+    async fn write(
+        &self,
+        record: OwnedRecord,
+        first: Result<rdkafka::producer::DeliveryFuture, rdkafka::error::KafkaError>,
+        partition: i32,
+        offset: i64,
+    ) -> Result<Done, SendError> {
+        let mut first = first;
+        let mut batch_retries = 0;
+        let refused = loop {
+            match produce::await_acked(&self.producer, &record, first, &self.errors, &self.shutdown)
+                .await
+            {
+                Ok(()) => return Ok(Done::Written),
+                Err(SendError::Stopped) => return Ok(Done::Stopped),
+                Err(SendError::Permanent { error, size }) => {
+                    if size {
+                        self.limits.refresh().await;
+                        // Fits alone: its batch was too large (a topic limit below the
+                        // producer's batch size). Send it again; batching differs next time.
+                        if record.size() <= self.limits.limit(&record.topic) && batch_retries < 3 {
+                            batch_retries += 1;
+                            first = produce::enqueue(&self.producer, &record).await;
+                            continue;
+                        }
+                    }
+                    break error;
+                }
+                Err(fatal) => return Err(fatal),
             }
-            Err((e, _)) => bail!("producing a record: {e}"),
+        };
+        let source = Source {
+            topic: &self.events_topic,
+            partition,
+            offset,
+        };
+        let why = Invalid {
+            reason: hookline_common::envelope::InvalidReason::RecordTooLarge,
+            detail: format!(
+                "kafka refused the record ({} bytes) for {}: {refused}",
+                record.size(),
+                record.topic
+            ),
+        };
+        self.metrics.emit_invalid(partition, offset, &why);
+        let fallback = quarantine::too_large(
+            &self.invalid_topic,
+            record.key.as_deref(),
+            record.value.as_deref(),
+            &record.header_pairs(),
+            &why.detail,
+            source,
+            self.limits.limit(&self.invalid_topic),
+        );
+        match produce::send_acked(&self.producer, &fallback, &self.errors, &self.shutdown).await {
+            Ok(()) => Ok(Done::Written),
+            Err(SendError::Stopped) => Ok(Done::Stopped),
+            Err(SendError::Permanent { error, .. }) => {
+                self.metrics.emit_dropped(partition, offset, &error);
+                Ok(Done::Written)
+            }
+            Err(fatal) => Err(fatal),
         }
     }
 }
 
-/// Stores the offset of a record whose output Kafka acknowledged; fails on a lost output.
+/// Stores the offset of a record whose output Kafka acknowledged; fails on a fatal produce
+/// error. Returns true once a write was abandoned at shutdown: from then on nothing is stored,
+/// so the abandoned record is read again by the next run.
 fn finish(
     consumer: &StreamConsumer<AssignmentProbe>,
     topic: &str,
     partition: i32,
     offset: i64,
-    result: Result<
-        rdkafka::producer::future_producer::OwnedDeliveryResult,
-        futures::channel::oneshot::Canceled,
-    >,
-) -> anyhow::Result<()> {
+    result: Result<Done, SendError>,
+    stopped: bool,
+) -> anyhow::Result<bool> {
     match result {
-        Ok(Ok(_)) => {
+        Ok(Done::Written) if !stopped => {
             let mut tpl = TopicPartitionList::new();
             tpl.add_partition_offset(topic, partition, rdkafka::Offset::Offset(offset + 1))
                 .context("building offset list")?;
@@ -196,10 +374,18 @@ fn finish(
                 // Partition revoked meanwhile: its new owner re-reads from the committed offset.
                 tracing::debug!(partition, offset, error = %e, "offset not stored");
             }
-            Ok(())
+            Ok(false)
         }
-        Ok(Err((e, _))) => bail!("kafka refused a write for events {partition}@{offset}: {e}"),
-        Err(_) => bail!("producer dropped a delivery for events {partition}@{offset}"),
+        Ok(Done::Written) => Ok(true),
+        Ok(Done::Stopped) => {
+            tracing::warn!(
+                partition,
+                offset,
+                "write abandoned at shutdown; the next run re-reads it"
+            );
+            Ok(true)
+        }
+        Err(e) => bail!("kafka refused a write for events {partition}@{offset}: {e}"),
     }
 }
 

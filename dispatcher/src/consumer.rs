@@ -62,8 +62,7 @@ use rdkafka::consumer::{
 };
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{BorrowedMessage, Headers, Message, OwnedMessage};
-use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
-use rdkafka::types::RDKafkaErrorCode as Code;
+use rdkafka::producer::{FutureProducer, Producer};
 use rdkafka::util::Timeout;
 use rdkafka::{Offset, TopicPartitionList};
 use tokio::sync::{mpsc, watch};
@@ -75,14 +74,18 @@ use hookline_common::delivery::{now_ms, DeliveryMeta};
 use hookline_common::headers as h;
 use hookline_common::kafka::{consumer_config, producer_config};
 use hookline_common::ops::StageProbe;
-use hookline_common::ownership::{can_block_here, Ownership};
+use hookline_common::ownership::{can_block_here, Claim, Ownership};
+use hookline_common::produce::ProduceErrors;
 use hookline_common::progress::Progress;
+use hookline_common::quarantine::Source;
+use hookline_common::recordsize::Limits;
 use hookline_common::shutdown::Shutdown;
 use hookline_common::topics::Topics;
 
 use crate::engine::{Admission, AttemptOutcome, AttemptResult, Engine, FailureClass};
 use crate::fanout::Endpoints;
 use crate::handoff::{self, Hop};
+use crate::handoff_write::{HopError, HopWriter, Written};
 use crate::metrics::{ConsumerMetrics, HandoffTarget};
 use crate::window::Window;
 
@@ -101,9 +104,6 @@ const REVOKE_CUT_WAIT: Duration = Duration::from_secs(5);
 /// At a revoke, after the gate closed: how long enqueued hand-offs get to be acknowledged before
 /// the offsets are committed anyway.
 const REVOKE_ACK_WAIT: Duration = Duration::from_secs(10);
-
-/// A full producer queue: how long a hand-off waits before enqueueing again.
-const QUEUE_FULL_BACKOFF: Duration = Duration::from_millis(10);
 
 /// After the shutdown grace, how long interrupted deliveries get to be acknowledged on their
 /// retry tier before the process gives up on them (their events are then re-sent by the next
@@ -128,8 +128,9 @@ const RECENTLY_ACTIVE: Duration = Duration::from_secs(2);
 /// Longest the final close of the Kafka clients may take before the stage returns anyway.
 const CLOSE_TIMEOUT: Duration = Duration::from_secs(15);
 
-/// Runs the dispatcher until shutdown. Returns an error (process exits non-zero) when Kafka
-/// refuses a hand-off after its own retries: no offset is ever stored past that event.
+/// Runs the dispatcher until shutdown. Returns an error (process exits non-zero) only on a fatal
+/// produce error (fenced, not authorised, topic gone): no offset is ever stored past that event.
+/// A hand-off that can never be written as planned is rerouted (`handoff_write`), never fatal.
 pub async fn run(
     config: Arc<Config>,
     registry: prometheus::Registry,
@@ -173,6 +174,21 @@ pub async fn run(
         hookline_common::kafka::TOPICS_WAIT,
     )
     .await?;
+    let writer = HopWriter {
+        producer: producer.clone(),
+        limits: Arc::new(
+            Limits::fetch(
+                &config,
+                HopWriter::topics_written(&topics, &config.retry.schedule),
+            )
+            .await
+            .context("reading topic size limits")?,
+        ),
+        topics: topics.clone(),
+        errors: ProduceErrors::register(&registry, "dispatcher")
+            .context("registering produce error metrics")?,
+        shutdown: shutdown.clone(),
+    };
     consumer
         .subscribe(&[&dispatch_topic])
         .with_context(|| format!("subscribing to {dispatch_topic}"))?;
@@ -181,6 +197,7 @@ pub async fn run(
     let dispatcher = Arc::new(Dispatcher {
         consumer,
         producer,
+        writer,
         partitions,
         engine,
         endpoints: Endpoints::new(&config.endpoints),
@@ -380,6 +397,8 @@ fn is_no_offset(e: &KafkaError) -> bool {
 struct Dispatcher {
     consumer: StreamConsumer<DispatchContext>,
     producer: FutureProducer,
+    /// Writes hand-offs, rerouting what can never be written as planned.
+    writer: HopWriter,
     partitions: Arc<Partitions>,
     engine: Engine,
     endpoints: Endpoints,
@@ -581,8 +600,8 @@ impl Dispatcher {
         };
         match handed {
             Ok(true) => {}
-            Ok(false) => {
-                // The partition was revoked meanwhile: the new owner sends the event again.
+            // The partition was revoked meanwhile: the new owner sends the event again.
+            Ok(false) | Err(HopError::Revoked(_)) => {
                 debug!(
                     endpoint = %endpoint.id,
                     event = %event.id,
@@ -591,9 +610,21 @@ impl Dispatcher {
                 );
                 return;
             }
-            Err(e) => {
+            // Shutdown while retrying a transient error: the event never completes, so no
+            // offset is stored past it and the next owner delivers it again.
+            Err(HopError::Abandoned(topic)) => {
+                warn!(event = %event.id, endpoint = %endpoint.id, topic, "hand-off abandoned at shutdown");
+                return;
+            }
+            Err(e @ HopError::Fatal { .. }) => {
                 // The event never completes, so no offset is stored past it.
-                let _ = self.fatal.send(e);
+                let _ = self.fatal.send(anyhow!(
+                    "the hand-off of event {} for endpoint {} (dispatch {}@{}) failed: {e}",
+                    event.id,
+                    endpoint.id,
+                    event.partition,
+                    event.offset
+                ));
                 return;
             }
         }
@@ -627,19 +658,16 @@ impl Dispatcher {
         }
     }
 
-    /// Produces the delivery record of a failed or deferred attempt 1 to its next hop, through
-    /// the partition's ownership gate, and waits for the acknowledgement. `Ok(false)`: the
-    /// partition was revoked since the event was read, nothing was written. An error means Kafka
-    /// refused the record after librdkafka's own retries.
-    // `send_result` hands the record back in its error (to enqueue it again when the queue is
-    // full): a large `Err` by rdkafka's design.
-    #[allow(clippy::result_large_err)]
+    /// Writes the delivery record of a failed or deferred attempt 1 to its next hop, through the
+    /// partition's ownership gate, and waits for the acknowledgement; a record that does not fit
+    /// is rerouted (see `handoff_write`). `Ok(false)`: the partition was revoked since the event
+    /// was read, nothing was written.
     async fn hand_off(
         &self,
         event: &Event,
         endpoint: &EndpointConfig,
         why: Why<'_>,
-    ) -> anyhow::Result<bool> {
+    ) -> Result<bool, HopError> {
         let first_attempt_ms = match why {
             Why::Failed(outcome, _) => outcome.started_at_ms,
             // The delivery's schedule starts now, when attempt 1 was due.
@@ -662,47 +690,39 @@ impl Dispatcher {
             Hop::Retry { topic, .. } => (topic, HandoffTarget::Retry),
             Hop::Dead { topic } => (topic, HandoffTarget::Dlq),
         };
-        let mut record: FutureRecord<'_, [u8], [u8]> = FutureRecord::to(&topic)
-            .payload(&event.body[..])
-            .headers(handoff::headers(&meta, event.dedupe_key.as_deref()));
-        if let Some(key) = &event.key {
-            record = record.key(&key[..]);
-        }
-        let ownership = &self.partitions.ownership;
-        let (partition, generation) = (event.partition, event.generation);
-        let refused = |e: &dyn std::fmt::Display| {
-            anyhow!(
-                "kafka refused the hand-off of event {} for endpoint {} to {topic} \
-                 (dispatch {}@{}): {e}",
-                event.id,
-                endpoint.id,
-                event.partition,
-                event.offset
+        let source = Source {
+            topic: &self.partitions.topic,
+            partition: event.partition,
+            offset: event.offset,
+        };
+        let claim = Claim {
+            ownership: &self.partitions.ownership,
+            partition: event.partition,
+            generation: event.generation,
+        };
+        let written = self
+            .writer
+            .write(
+                &claim,
+                &topic,
+                &mut meta,
+                event.key.as_deref(),
+                &event.body,
+                event.dedupe_key.as_deref(),
+                source,
             )
+            .await;
+        let written = match written {
+            Ok(written) => written,
+            Err(HopError::Revoked(_)) => return Ok(false),
+            Err(e) => return Err(e),
         };
-        // The ownership check and the enqueue happen under one lock (a revoke closes the gate
-        // under it); only the enqueue, never the wait for the acknowledgement.
-        let delivery = loop {
-            match ownership.enqueue(partition, generation, || self.producer.send_result(record)) {
-                None => return Ok(false),
-                Some(Ok(delivery)) => break delivery,
-                Some(Err((e, back))) => {
-                    ownership.acked(partition, generation);
-                    if !matches!(e, KafkaError::MessageProduction(Code::QueueFull)) {
-                        return Err(refused(&e));
-                    }
-                    record = back;
-                    tokio::time::sleep(QUEUE_FULL_BACKOFF).await;
-                }
-            }
+        let target = match written {
+            Written::AsPlanned => target,
+            Written::DeadTooLarge => HandoffTarget::DlqRecordTooLarge,
+            Written::Quarantined => HandoffTarget::InvalidRecordTooLarge,
+            Written::Dropped => HandoffTarget::Dropped,
         };
-        let acked = delivery.await;
-        ownership.acked(partition, generation);
-        match acked {
-            Ok(Ok(_)) => {}
-            Ok(Err((e, _))) => return Err(refused(&e)),
-            Err(_) => return Err(refused(&"the producer dropped the record")),
-        }
         match why {
             Why::Failed(outcome, class) => self.metrics.emit_handed_off(
                 &endpoint.id,

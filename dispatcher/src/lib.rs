@@ -11,6 +11,8 @@
 //! - [`fanout`]: which endpoints an event goes to (tenant + event-type globs), lookup by id.
 //! - [`handoff`]: the next hop of a failed delivery on the fixed schedule (tier or DLQ) and the
 //!   delivery record's headers.
+//! - [`handoff_write`]: writing a delivery record to its hop; a record that does not fit is
+//!   trimmed, dead-lettered or quarantined as `record_too_large`, never a reason to stop.
 //! - [`consumer`]: the stage itself — consume `<p>.dispatch`, fan out, first attempts, hand-off
 //!   of failures, per-partition windows and contiguous offsets, rebalances, graceful drain.
 //! - `metrics`: Prometheus metrics of the crate (`hookline_dispatcher_*`).
@@ -19,6 +21,7 @@ pub mod consumer;
 pub mod engine;
 pub mod fanout;
 pub mod handoff;
+pub mod handoff_write;
 mod metrics;
 pub mod signing;
 pub mod ssrf;
@@ -33,7 +36,7 @@ use hookline_common::ops::Readiness;
 use hookline_common::shutdown::Shutdown;
 
 /// Runs the dispatcher stage until shutdown (SIGTERM: drain, commit, `Ok`). An error means the
-/// stage could not go on safely (Kafka refused a hand-off, startup failed): exit non-zero.
+/// stage could not go on safely (a fatal produce error, startup failed): exit non-zero.
 pub async fn run(
     config: Arc<Config>,
     registry: prometheus::Registry,

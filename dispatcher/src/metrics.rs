@@ -86,15 +86,30 @@ impl EngineMetrics {
 pub(crate) enum HandoffTarget {
     Retry,
     Dlq,
+    /// Did not fit the tier: dead-lettered with reason `record_too_large`.
+    DlqRecordTooLarge,
+    /// Fit neither the tier nor the DLQ: quarantined on `<p>.invalid`.
+    InvalidRecordTooLarge,
+    /// Refused even as a bounded quarantine record: nothing written.
+    Dropped,
 }
 
 impl HandoffTarget {
-    const ALL: [HandoffTarget; 2] = [HandoffTarget::Retry, HandoffTarget::Dlq];
+    const ALL: [HandoffTarget; 5] = [
+        HandoffTarget::Retry,
+        HandoffTarget::Dlq,
+        HandoffTarget::DlqRecordTooLarge,
+        HandoffTarget::InvalidRecordTooLarge,
+        HandoffTarget::Dropped,
+    ];
 
     fn as_str(self) -> &'static str {
         match self {
             HandoffTarget::Retry => "retry",
             HandoffTarget::Dlq => "dlq",
+            HandoffTarget::DlqRecordTooLarge => "dlq_record_too_large",
+            HandoffTarget::InvalidRecordTooLarge => "invalid_record_too_large",
+            HandoffTarget::Dropped => "dropped",
         }
     }
 }
@@ -127,7 +142,7 @@ impl ConsumerMetrics {
         let handoffs = IntCounterVec::new(
             Opts::new(
                 "hookline_dispatcher_handoffs_total",
-                "Failed first attempts handed to the first retry tier or the dead-letter topic",
+                "Failed first attempts handed off, by where the record went (retry, dlq, dlq_record_too_large, invalid_record_too_large, dropped)",
             ),
             &["target"],
         )?;
@@ -228,6 +243,29 @@ impl ConsumerMetrics {
                 attempt,
                 class,
                 "delivery failed, dead-lettered (the schedule has a single attempt)"
+            ),
+            HandoffTarget::DlqRecordTooLarge => tracing::error!(
+                endpoint,
+                event,
+                attempt,
+                class,
+                "delivery failed and its record is too large for the retry tier: dead-lettered \
+                 with reason record_too_large"
+            ),
+            HandoffTarget::InvalidRecordTooLarge => tracing::error!(
+                endpoint,
+                event,
+                attempt,
+                class,
+                "delivery failed and its record fits neither the tier nor the DLQ: quarantined \
+                 as record_too_large"
+            ),
+            HandoffTarget::Dropped => tracing::error!(
+                endpoint,
+                event,
+                attempt,
+                class,
+                "delivery failed and its record could not be written anywhere: dropped"
             ),
         }
         self.handoffs.with_label_values(&[target.as_str()]).inc();

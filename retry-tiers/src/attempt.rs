@@ -22,21 +22,22 @@
 
 use std::sync::Arc;
 
-use anyhow::Context as _;
 use bytes::Bytes;
 use rdkafka::message::{Header, Headers, Message, OwnedHeaders};
-use rdkafka::producer::{FutureProducer, FutureRecord};
-use rdkafka::util::Timeout;
+use rdkafka::producer::FutureProducer;
 use tokio::sync::watch;
 
 use hookline_common::config::Config;
 use hookline_common::delivery::{DeadReason, DeliveryMeta};
 use hookline_common::headers as h;
-use hookline_common::ownership::Ownership;
+use hookline_common::ownership::{Claim, Ownership};
+use hookline_common::produce::{self, OwnedRecord, SendError, WriteGate};
+use hookline_common::quarantine;
 use hookline_common::topics::Topics;
 use hookline_dispatcher::engine::Admission;
 use hookline_dispatcher::fanout::{self, Endpoints};
 use hookline_dispatcher::handoff::{self, Hop};
+use hookline_dispatcher::handoff_write::{HopError, HopWriter, Written};
 use hookline_dispatcher::Engine;
 
 use crate::metrics::TierMetrics;
@@ -53,6 +54,8 @@ pub(crate) struct Stage {
     /// The endpoints as configured now: retries use the current URL, secrets and timeout.
     pub(crate) endpoints: Endpoints,
     pub(crate) producer: FutureProducer,
+    /// Writes next hops and dead letters, rerouting what can never be written as planned.
+    pub(crate) writer: HopWriter,
 }
 
 /// A tier record, decoded when it is received and kept until it is due.
@@ -139,10 +142,23 @@ pub(crate) enum Finished {
     Revoked,
 }
 
-/// Handles one due record to completion. An error means Kafka refused a write after its own
-/// retries: the record's offset must not be stored, and the stage stops. `cutoff` turns true when
-/// the shutdown grace is over: an attempt still running is cut short, recorded as a `timeout`,
-/// and handed off like any failure.
+impl Source<'_> {
+    fn quarantine(&self) -> quarantine::Source<'_> {
+        quarantine::Source {
+            topic: self.topic,
+            partition: self.partition,
+            offset: self.offset,
+        }
+    }
+}
+
+/// Handles one due record to completion. An error means the record's offset must not be stored:
+/// a fatal produce error (the stage stops) or a write abandoned at shutdown ([`HopError::Abandoned`],
+/// the stage goes on stopping normally). A record that can never be written as planned is
+/// rerouted (see `handoff_write`), never an error; every write goes through the partition's
+/// ownership gate ([`Finished::Revoked`] once it is revoked). `cutoff` turns true when
+/// the shutdown grace is over (or the partition is revoked): an attempt still running is cut
+/// short, recorded as a `timeout`, and handed off like any failure.
 pub(crate) async fn process(
     stage: &Stage,
     metrics: &TierMetrics,
@@ -150,18 +166,28 @@ pub(crate) async fn process(
     gate: Gate<'_>,
     pending: Pending,
     cutoff: watch::Receiver<bool>,
-) -> anyhow::Result<Finished> {
-    let write = |topic: String, key: Option<Vec<u8>>, value: Option<Bytes>, headers| {
-        produce_gated(
-            &gate,
-            source.partition,
-            &stage.producer,
-            topic,
-            key,
-            value,
-            headers,
-        )
+) -> Result<Finished, HopError> {
+    let claim = Claim {
+        ownership: gate.ownership,
+        partition: source.partition,
+        generation: gate.generation,
     };
+    let result = handle(stage, metrics, &source, &claim, pending, cutoff).await;
+    match result {
+        Ok(()) => Ok(Finished::Done),
+        Err(HopError::Revoked(_)) => Ok(Finished::Revoked),
+        Err(e) => Err(e),
+    }
+}
+
+async fn handle(
+    stage: &Stage,
+    metrics: &TierMetrics,
+    source: &Source<'_>,
+    claim: &dyn WriteGate,
+    pending: Pending,
+    cutoff: watch::Receiver<bool>,
+) -> Result<(), HopError> {
     let (mut meta, value) = match (pending.meta, pending.value) {
         (Ok(meta), Some(value)) => (meta, value),
         (meta, value) => {
@@ -169,12 +195,29 @@ pub(crate) async fn process(
                 .err()
                 .unwrap_or_else(|| "the record has no value (the event bytes)".to_string());
             metrics.emit_invalid(source.partition, source.offset, &problem);
-            let headers = invalid_headers(pending.raw_headers.as_ref(), &problem, &source);
-            return write(stage.topics.invalid(), pending.key, value, headers).await;
+            let headers = invalid_headers(pending.raw_headers.as_ref(), &problem, source);
+            let record = OwnedRecord {
+                topic: stage.topics.invalid(),
+                partition: None,
+                key: pending.key,
+                value: value.map(|v| v.to_vec()),
+                headers,
+            };
+            return park(stage, claim, record, &problem, source).await;
         }
     };
     let dedupe_key = pending.dedupe_key.as_deref();
-    let key = pending.key;
+    let key = pending.key.as_deref();
+    let write = |topic: String, meta: DeliveryMeta| Hand {
+        stage,
+        claim,
+        source,
+        topic,
+        meta,
+        key,
+        value: &value,
+        dedupe_key,
+    };
 
     let endpoint = match stage.endpoints.get(&meta.endpoint_id) {
         Some(ep) if ep.enabled => ep,
@@ -184,50 +227,17 @@ pub(crate) async fn process(
             } else {
                 DeadReason::EndpointDisabled
             };
-            return dead_letter(
-                stage,
-                metrics,
-                &gate,
-                source.partition,
-                &mut meta,
-                reason,
-                key,
-                value,
-                dedupe_key,
-            )
-            .await;
+            return dead_letter(metrics, write(stage.topics.dlq(), meta), reason).await;
         }
     };
     if !fanout::subscribes(&endpoint, meta.tenant.as_deref(), &meta.event_type) {
         let reason = DeadReason::EndpointUnsubscribed;
-        return dead_letter(
-            stage,
-            metrics,
-            &gate,
-            source.partition,
-            &mut meta,
-            reason,
-            key,
-            value,
-            dedupe_key,
-        )
-        .await;
+        return dead_letter(metrics, write(stage.topics.dlq(), meta), reason).await;
     }
     if !handoff::has_slot(&meta, &stage.config.retry.schedule) {
         // Written under a longer schedule: the current one allows no further attempt.
         let reason = DeadReason::Exhausted;
-        return dead_letter(
-            stage,
-            metrics,
-            &gate,
-            source.partition,
-            &mut meta,
-            reason,
-            key,
-            value,
-            dedupe_key,
-        )
-        .await;
+        return dead_letter(metrics, write(stage.topics.dlq(), meta), reason).await;
     }
 
     let attempt = meta.attempt;
@@ -251,118 +261,138 @@ pub(crate) async fn process(
         Admission::Saturated { busy } => {
             let hop = handoff::defer(&mut meta, busy, &stage.topics, schedule);
             let (Hop::Retry { topic, .. } | Hop::Dead { topic }) = hop;
-            let headers = handoff::headers(&meta, dedupe_key);
-            let finished = write(topic.clone(), key, Some(value), headers).await?;
-            if finished == Finished::Done {
-                metrics.emit_deferred(&meta, &topic);
+            let (written, meta) = write(topic.clone(), meta).send().await?;
+            match written {
+                Written::AsPlanned => metrics.emit_deferred(&meta, &topic),
+                other => metrics.emit_rerouted(&meta, other),
             }
-            return Ok(finished);
+            return Ok(());
         }
     };
     metrics.emit_attempt(&meta, &outcome);
     if outcome.result.is_delivered() {
         metrics.emit_delivered(&meta, attempt);
-        return Ok(Finished::Done);
+        return Ok(());
     }
     let hop = handoff::after_failure(&mut meta, &outcome, &stage.topics, schedule);
-    let headers = handoff::headers(&meta, dedupe_key);
     let (Hop::Retry { topic, .. } | Hop::Dead { topic }) = hop.clone();
-    let finished = write(topic.clone(), key, Some(value), headers).await?;
-    if finished == Finished::Done {
-        match hop {
-            Hop::Retry { .. } => metrics.emit_next_tier(&meta, &topic),
-            Hop::Dead { .. } => metrics.emit_dead(&meta, DeadReason::Exhausted),
-        }
+    let (written, meta) = write(topic.clone(), meta).send().await?;
+    match (written, hop) {
+        (Written::AsPlanned, Hop::Retry { .. }) => metrics.emit_next_tier(&meta, &topic),
+        (Written::AsPlanned, Hop::Dead { .. }) => metrics.emit_dead(&meta, DeadReason::Exhausted),
+        (other, _) => metrics.emit_rerouted(&meta, other),
     }
-    Ok(finished)
+    Ok(())
 }
 
-/// Writes one record through the ownership gate of the partition it came from and waits for
-/// Kafka's acknowledgement. [`Finished::Revoked`]: the partition was revoked, nothing written.
-// `send_result` hands the record back in its error (to enqueue it again when the queue is full):
-// a large `Err` by rdkafka's design.
-#[allow(clippy::result_large_err)]
-async fn produce_gated(
-    gate: &Gate<'_>,
-    partition: i32,
-    producer: &FutureProducer,
+/// One delivery record about to be written to its next hop through the partition's gate.
+struct Hand<'a> {
+    stage: &'a Stage,
+    claim: &'a dyn WriteGate,
+    source: &'a Source<'a>,
     topic: String,
-    key: Option<Vec<u8>>,
-    value: Option<Bytes>,
-    headers: OwnedHeaders,
-) -> anyhow::Result<Finished> {
-    let mut record: FutureRecord<'_, [u8], [u8]> = FutureRecord::to(&topic).headers(headers);
-    if let Some(k) = &key {
-        record = record.key(&k[..]);
-    }
-    if let Some(v) = &value {
-        record = record.payload(&v[..]);
-    }
-    let (ownership, generation) = (gate.ownership, gate.generation);
-    // The ownership check and the enqueue under one lock (a revoke closes the gate under it);
-    // the acknowledgement is awaited outside it.
-    let delivery = loop {
-        match ownership.enqueue(partition, generation, || producer.send_result(record)) {
-            None => return Ok(Finished::Revoked),
-            Some(Ok(delivery)) => break delivery,
-            Some(Err((e, back))) => {
-                ownership.acked(partition, generation);
-                if !matches!(
-                    e,
-                    rdkafka::error::KafkaError::MessageProduction(
-                        rdkafka::types::RDKafkaErrorCode::QueueFull
-                    )
-                ) {
-                    return Err(anyhow::Error::new(e))
-                        .with_context(|| format!("kafka refused a write to {topic}"));
-                }
-                record = back;
-                tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-            }
-        }
-    };
-    let acked = delivery.await;
-    ownership.acked(partition, generation);
-    match acked {
-        Ok(Ok(_)) => Ok(Finished::Done),
-        Ok(Err((e, _))) => {
-            Err(anyhow::Error::new(e)).with_context(|| format!("kafka refused a write to {topic}"))
-        }
-        Err(_) => anyhow::bail!("kafka refused a write to {topic}: the producer dropped it"),
+    meta: DeliveryMeta,
+    key: Option<&'a [u8]>,
+    value: &'a Bytes,
+    dedupe_key: Option<&'a str>,
+}
+
+impl Hand<'_> {
+    /// Writes it (rerouting what does not fit, see `handoff_write`); returns where it went and
+    /// the metadata as written.
+    async fn send(mut self) -> Result<(Written, DeliveryMeta), HopError> {
+        let written = self
+            .stage
+            .writer
+            .write(
+                self.claim,
+                &self.topic,
+                &mut self.meta,
+                self.key,
+                self.value,
+                self.dedupe_key,
+                self.source.quarantine(),
+            )
+            .await?;
+        Ok((written, self.meta))
     }
 }
 
-/// Ends a delivery without an attempt: `<p>.dlq` with `reason`, written through the partition's
-/// ownership gate and acknowledged before it counts.
-#[allow(clippy::too_many_arguments)]
+/// Ends a delivery without an attempt: `<p>.dlq` with `reason`, acknowledged before it counts.
 async fn dead_letter(
-    stage: &Stage,
     metrics: &TierMetrics,
-    gate: &Gate<'_>,
-    partition: i32,
-    meta: &mut DeliveryMeta,
+    mut hand: Hand<'_>,
     reason: DeadReason,
-    key: Option<Vec<u8>>,
-    value: Bytes,
-    dedupe_key: Option<&str>,
-) -> anyhow::Result<Finished> {
-    handoff::mark_dead(meta, reason);
-    let headers = handoff::headers(meta, dedupe_key);
-    let topic = stage.topics.dlq();
-    let finished = produce_gated(
-        gate,
-        partition,
-        &stage.producer,
-        topic,
-        key,
-        Some(value),
-        headers,
-    )
-    .await?;
-    if finished == Finished::Done {
-        metrics.emit_dead(meta, reason);
+) -> Result<(), HopError> {
+    handoff::mark_dead(&mut hand.meta, reason);
+    let (written, meta) = hand.send().await?;
+    match written {
+        Written::AsPlanned => metrics.emit_dead(&meta, reason),
+        other => metrics.emit_rerouted(&meta, other),
     }
-    Ok(finished)
+    Ok(())
+}
+
+/// Parks an unreadable tier record on `<p>.invalid` whole or, if it does not fit there, as a
+/// bounded `record_too_large` quarantine record; refused even so, it is logged and dropped.
+async fn park(
+    stage: &Stage,
+    claim: &dyn WriteGate,
+    record: OwnedRecord,
+    problem: &str,
+    source: &Source<'_>,
+) -> Result<(), HopError> {
+    let writer = &stage.writer;
+    let limit = writer.limits.limit(&record.topic);
+    let bounded = |detail: &str| {
+        quarantine::too_large(
+            &record.topic,
+            record.key.as_deref(),
+            record.value.as_deref(),
+            &record.header_pairs(),
+            detail,
+            source.quarantine(),
+            limit,
+        )
+    };
+    let mut current = if record.size() <= limit {
+        record.clone()
+    } else {
+        bounded(problem)
+    };
+    loop {
+        let sent = produce::send_acked_through(
+            &writer.producer,
+            &current,
+            &writer.errors,
+            &writer.shutdown,
+            claim,
+        )
+        .await;
+        match sent {
+            Ok(()) => return Ok(()),
+            Err(SendError::Permanent { error, .. }) if current.size() == record.size() => {
+                current = bounded(&format!("{problem}; kafka refused it whole: {error}"));
+            }
+            Err(SendError::Permanent { error, .. }) => {
+                tracing::error!(
+                    partition = source.partition,
+                    offset = source.offset,
+                    error = %error,
+                    "unreadable tier record refused even as a bounded quarantine record; dropped"
+                );
+                return Ok(());
+            }
+            Err(SendError::Fatal(error)) => {
+                return Err(HopError::Fatal {
+                    topic: current.topic.clone(),
+                    error,
+                })
+            }
+            Err(SendError::Stopped) => return Err(HopError::Abandoned(current.topic.clone())),
+            Err(SendError::Revoked) => return Err(HopError::Revoked(current.topic.clone())),
+        }
+    }
 }
 
 /// The parked record's headers: its own (minus any quarantine headers it carried) plus the
@@ -399,29 +429,6 @@ fn invalid_headers(raw: Option<&OwnedHeaders>, problem: &str, source: &Source<'_
         });
     }
     out
-}
-
-/// Produces one record and waits for Kafka's acknowledgement (after the producer's own retries).
-pub(crate) async fn produce(
-    producer: &FutureProducer,
-    topic: &str,
-    key: Option<&[u8]>,
-    value: Option<&[u8]>,
-    headers: OwnedHeaders,
-) -> anyhow::Result<()> {
-    let mut record: FutureRecord<'_, [u8], [u8]> = FutureRecord::to(topic).headers(headers);
-    if let Some(k) = key {
-        record = record.key(k);
-    }
-    if let Some(v) = value {
-        record = record.payload(v);
-    }
-    producer
-        .send(record, Timeout::Never)
-        .await
-        .map(|_| ())
-        .map_err(|(e, _)| anyhow::Error::new(e))
-        .with_context(|| format!("kafka refused a write to {topic}"))
 }
 
 #[cfg(test)]

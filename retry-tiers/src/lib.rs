@@ -41,9 +41,12 @@ use tokio::task::JoinSet;
 use hookline_common::config::{tier_name, Config};
 use hookline_common::kafka::producer_config;
 use hookline_common::ops::{Readiness, StageProbe};
+use hookline_common::produce::ProduceErrors;
+use hookline_common::recordsize::Limits;
 use hookline_common::shutdown::{self, Shutdown};
 use hookline_common::topics::Topics;
 use hookline_dispatcher::fanout::Endpoints;
+use hookline_dispatcher::handoff_write::HopWriter;
 use hookline_dispatcher::Engine;
 
 pub use attempt::BAD_DELIVERY_RECORD;
@@ -99,12 +102,26 @@ pub async fn run(
     let producer: FutureProducer = producer_config(&config)
         .create()
         .context("creating the retry tier producer")?;
+    let written = HopWriter::topics_written(&topics, &config.retry.schedule);
+    let writer = HopWriter {
+        producer: producer.clone(),
+        limits: Arc::new(
+            Limits::fetch(&config, written)
+                .await
+                .context("reading topic size limits")?,
+        ),
+        topics: topics.clone(),
+        errors: ProduceErrors::register(&registry, "retry")
+            .context("registering produce error metrics")?,
+        shutdown: shutdown.clone(),
+    };
     let stage = Arc::new(Stage {
         endpoints: Endpoints::new(&config.endpoints),
         config: config.clone(),
         topics,
         engine,
         producer,
+        writer,
     });
 
     // One stop signal for every tier: the process's shutdown, or the first tier that fails.

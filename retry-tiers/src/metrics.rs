@@ -14,6 +14,7 @@ use prometheus::{
 };
 
 use hookline_common::delivery::{DeadReason, DeliveryMeta};
+use hookline_dispatcher::handoff_write::Written;
 use hookline_dispatcher::{AttemptOutcome, AttemptResult, FailureClass};
 
 /// What a tier worker did with one record (the `outcome` label).
@@ -25,10 +26,14 @@ pub(crate) enum Outcome {
     Deferred,
     Dead(DeadReason),
     Invalid,
+    /// Fit neither the next tier nor the DLQ: quarantined as `record_too_large`.
+    InvalidTooLarge,
+    /// Refused even as a bounded quarantine record: nothing written.
+    Dropped,
 }
 
 impl Outcome {
-    const ALL: [Outcome; 8] = [
+    const ALL: [Outcome; 11] = [
         Outcome::Delivered,
         Outcome::NextTier,
         Outcome::Deferred,
@@ -36,7 +41,10 @@ impl Outcome {
         Outcome::Dead(DeadReason::EndpointRemoved),
         Outcome::Dead(DeadReason::EndpointDisabled),
         Outcome::Dead(DeadReason::EndpointUnsubscribed),
+        Outcome::Dead(DeadReason::RecordTooLarge),
         Outcome::Invalid,
+        Outcome::InvalidTooLarge,
+        Outcome::Dropped,
     ];
 
     fn as_str(self) -> &'static str {
@@ -48,7 +56,10 @@ impl Outcome {
             Outcome::Dead(DeadReason::EndpointRemoved) => "dead_endpoint_removed",
             Outcome::Dead(DeadReason::EndpointDisabled) => "dead_endpoint_disabled",
             Outcome::Dead(DeadReason::EndpointUnsubscribed) => "dead_endpoint_unsubscribed",
+            Outcome::Dead(DeadReason::RecordTooLarge) => "dead_record_too_large",
             Outcome::Invalid => "invalid",
+            Outcome::InvalidTooLarge => "invalid_record_too_large",
+            Outcome::Dropped => "dropped",
         }
     }
 }
@@ -303,5 +314,31 @@ impl TierMetrics {
             "tier record without readable delivery metadata, parked on the invalid topic"
         );
         self.count(Outcome::Invalid);
+    }
+
+    /// Where a delivery record went when it could not be written as planned.
+    pub(crate) fn emit_rerouted(&self, meta: &DeliveryMeta, written: Written) {
+        match written {
+            Written::AsPlanned => {}
+            Written::DeadTooLarge => self.emit_dead(meta, DeadReason::RecordTooLarge),
+            Written::Quarantined => {
+                tracing::error!(
+                    tier = %self.tier,
+                    endpoint = %meta.endpoint_id,
+                    event_id = %meta.event_id,
+                    "delivery record fits neither the next tier nor the DLQ; quarantined as record_too_large"
+                );
+                self.count(Outcome::InvalidTooLarge);
+            }
+            Written::Dropped => {
+                tracing::error!(
+                    tier = %self.tier,
+                    endpoint = %meta.endpoint_id,
+                    event_id = %meta.event_id,
+                    "delivery record could not be written anywhere; dropped"
+                );
+                self.count(Outcome::Dropped);
+            }
+        }
     }
 }

@@ -38,17 +38,19 @@ use rdkafka::util::Timeout;
 use serde_json::{json, Value};
 use tokio::task::JoinSet;
 
+use crate::dead::{attempts_made, DeadFilter, DeadRecord};
+use crate::read::{Range, TopicReader};
 use hookline_common::config::{Config, EndpointConfig};
 use hookline_common::delivery::{now_ms, DeadReason, DeliveryMeta};
 use hookline_common::kafka::producer_config;
+use hookline_common::produce::{self, OwnedRecord, ProduceErrors, Ungated};
+use hookline_common::quarantine::Source;
+use hookline_common::recordsize::Limits;
 use hookline_common::topics::Topics;
 use hookline_dispatcher::fanout::{self, Endpoints};
 use hookline_dispatcher::handoff::{self, Hop};
+use hookline_dispatcher::handoff_write::{HopWriter, Written};
 use hookline_dispatcher::{AttemptOutcome, AttemptResult, Engine};
-
-use crate::attempt::produce;
-use crate::dead::{attempts_made, DeadFilter, DeadRecord};
-use crate::read::{Range, TopicReader};
 
 /// What to replay and how.
 #[derive(Debug, Clone)]
@@ -146,6 +148,8 @@ struct Replayer {
     schedule: Vec<Duration>,
     engine: Engine,
     producer: FutureProducer,
+    /// Writes a failure's new record (DLQ or first tier), rerouting one that does not fit.
+    writer: HopWriter,
     with_retries: bool,
 }
 
@@ -172,6 +176,26 @@ pub async fn run(
     let replayer = if options.dry_run {
         None
     } else {
+        let producer: FutureProducer = producer_config(&config)
+            .create()
+            .context("creating the replay producer")?;
+        // A command-line run has no shutdown signal of its own: transient errors are retried
+        // until they pass or the operator interrupts the command.
+        let (_never, shutdown) = hookline_common::shutdown::channel();
+        let writer = HopWriter {
+            producer: producer.clone(),
+            limits: Arc::new(
+                Limits::fetch(
+                    &config,
+                    HopWriter::topics_written(&topics, &config.retry.schedule),
+                )
+                .await
+                .context("reading topic size limits")?,
+            ),
+            topics: topics.clone(),
+            errors: ProduceErrors::unregistered(),
+            shutdown,
+        };
         Some(Arc::new(Replayer {
             topics: topics.clone(),
             schedule: config.retry.schedule.clone(),
@@ -181,9 +205,8 @@ pub async fn run(
                 &prometheus::Registry::new(),
             )
             .context("building the delivery engine")?,
-            producer: producer_config(&config)
-                .create()
-                .context("creating the replay producer")?,
+            producer,
+            writer,
             with_retries: options.with_retries,
         }))
     };
@@ -379,16 +402,30 @@ impl Replayer {
                 handoff::mark_dead(&mut meta, DeadReason::Exhausted);
                 self.topics.dlq()
             };
-            let headers = handoff::headers(&meta, record.dedupe_key.as_deref());
-            produce(
-                &self.producer,
-                &topic,
-                record.key.as_deref(),
-                Some(&record.value),
-                headers,
-            )
-            .await?;
-            returned_to = Some(topic);
+            let dlq = self.topics.dlq();
+            let source = Source {
+                topic: &dlq,
+                partition: record.partition,
+                offset: record.offset,
+            };
+            let written = self
+                .writer
+                .write(
+                    &Ungated,
+                    &topic,
+                    &mut meta,
+                    record.key.as_deref(),
+                    &record.value,
+                    record.dedupe_key.as_deref(),
+                    source,
+                )
+                .await?;
+            returned_to = match written {
+                Written::AsPlanned => Some(topic),
+                Written::DeadTooLarge => Some(self.topics.dlq()),
+                Written::Quarantined => Some(self.topics.invalid()),
+                Written::Dropped => None,
+            };
         }
         let done = json!({
             "replay_key": key,
@@ -402,14 +439,21 @@ impl Replayer {
             "with_retries": self.with_retries,
             "finished_at_ms": now_ms(),
         });
-        produce(
+        let finished = OwnedRecord {
+            topic: self.topics.replays(),
+            partition: None,
+            key: Some(key.as_bytes().to_vec()),
+            value: Some(done.to_string().into_bytes()),
+            headers: OwnedHeaders::new(),
+        };
+        produce::send_acked(
             &self.producer,
-            &self.topics.replays(),
-            Some(key.as_bytes()),
-            Some(done.to_string().as_bytes()),
-            OwnedHeaders::new(),
+            &finished,
+            &self.writer.errors,
+            &self.writer.shutdown,
         )
-        .await?;
+        .await
+        .with_context(|| format!("recording replay {key} on {}", self.topics.replays()))?;
         Ok(Replayed {
             position: format!("{}:{}", record.partition, record.offset),
             endpoint_id: meta.endpoint_id,

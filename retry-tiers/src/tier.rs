@@ -49,6 +49,7 @@ use hookline_common::delivery::now_ms;
 use hookline_common::kafka::consumer_config;
 use hookline_common::ops::StageProbe;
 use hookline_common::shutdown::Shutdown;
+use hookline_dispatcher::handoff_write::HopError;
 
 use crate::attempt::{self, Finished, Gate, Pending, Source, Stage};
 use crate::due::DueBound;
@@ -243,7 +244,7 @@ struct Done {
     partition: i32,
     generation: u64,
     offset: i64,
-    result: anyhow::Result<Finished>,
+    result: Result<Finished, HopError>,
 }
 
 /// What woke the loop.
@@ -536,9 +537,19 @@ impl Worker {
             offset,
             result,
         } = done;
-        let finished = result.with_context(|| format!("record {partition}@{offset}"))?;
-        if finished == Finished::Revoked {
-            return Ok(());
+        match result {
+            Ok(Finished::Done) => {}
+            // Revoked before it could write: nothing written, the new owner handles it.
+            Ok(Finished::Revoked) => return Ok(()),
+            // Shutdown while a transient produce error was being retried: the record is not
+            // done, its offset is not stored, the next run attempts it again.
+            Err(HopError::Abandoned(topic)) => {
+                tracing::warn!(tier = %self.tier.name, partition, offset, topic, "write abandoned at shutdown");
+                return Ok(());
+            }
+            Err(e) => {
+                return Err(anyhow::Error::new(e).context(format!("record {partition}@{offset}")))
+            }
         }
         let Some(part) = self.parts.get_mut(&partition) else {
             return Ok(());

@@ -437,28 +437,40 @@ async fn aborted_transactions_rewind_and_recover_exactly_once() {
                 });
         }
     };
-    // The dispatch topic refuses records over 600 bytes: a transaction holding one must abort.
-    set_max("600").await;
+    let running = start_deduper(&config);
     let events = format!("{prefix}.events");
     let p = producer();
+    // Both stages read the topic limits at start: a first event through the pipeline shows that
+    // they have. Then an operator lowers the dispatch topic's limit under them.
+    produce_many(&p, &events, &[(0, "kw".into(), event("ab-warm", 0))]).await;
+    let warm = read_until(&dispatch, Duration::from_secs(60), |r| !r.is_empty());
+    assert_eq!(warm.len(), 1, "warm-up event dispatched");
+    set_max("100000").await;
     let mut batch: Vec<(i32, String, String)> = (0..300)
         .map(|i| (i % 3, format!("k{i}"), event(&format!("ab-{i}"), 0)))
         .collect();
-    let big = format!(
-        r#"{{"id":"ab-big","type":"order.paid","data":{{"pad":"{}"}}}}"#,
-        "x".repeat(2_000)
-    );
+    // 200 KB of hex digits: incompressible, so the broker refuses it under the new limit and the
+    // transaction holding it must abort.
+    let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+    let pad: String = (0..12_500)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            format!("{x:016x}")
+        })
+        .collect();
+    let big = format!(r#"{{"id":"ab-big","type":"order.paid","data":{{"pad":"{pad}"}}}}"#);
     batch.insert(150, (1, "kb".into(), big));
     // Duplicates of the first keys, so a bad rewind/restore would show up as double dispatch.
     batch.extend((0..100).map(|i| (i % 3, format!("d{i}"), event(&format!("ab-{i}"), 1))));
     produce_many(&p, &events, &batch).await;
-    let running = start_deduper(&config);
     let start = Instant::now();
     while counter(
         &running.registry,
         "hookline_deduper_transactions_total",
         Some(("result", "aborted")),
-    ) < 2.0
+    ) < 1.0
         && start.elapsed() < Duration::from_secs(60)
     {
         tokio::time::sleep(Duration::from_millis(100)).await;
@@ -468,20 +480,28 @@ async fn aborted_transactions_rewind_and_recover_exactly_once() {
             &running.registry,
             "hookline_deduper_transactions_total",
             Some(("result", "aborted"))
-        ) >= 2.0,
-        "the oversized record makes transactions abort"
+        ) >= 1.0,
+        "the oversized record makes a transaction abort"
     );
-    // The operator fixes the topic; the stage recovers by itself.
-    set_max("5242880").await;
+    // The stage recovers by itself (issue 8 item 1): after the abort it re-reads the limits and
+    // quarantines the record that no longer fits; every other key is dispatched once.
     let out = read_until(&dispatch, Duration::from_secs(90), |r| {
         ids_of(r).0.len() >= 301
     });
     assert_eq!(
         ids_of(&out).0.len(),
         301,
-        "every key dispatched after recovery"
+        "the warm-up and the 300 small keys dispatched after recovery"
     );
     let settled = read_until(&dispatch, Duration::from_secs(3), |_| false);
     assert_exactly_once(&settled, 301);
+    let invalid = read_until(&format!("{prefix}.invalid"), Duration::from_secs(30), |r| {
+        !r.is_empty()
+    });
+    assert_eq!(invalid.len(), 1, "the oversized record is quarantined once");
+    assert_eq!(
+        header(&invalid[0], hookline_common::headers::INVALID_REASON),
+        Some("record_too_large")
+    );
     running.stop().await.expect("clean stop");
 }

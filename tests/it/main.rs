@@ -8,6 +8,7 @@ mod dispatcher;
 mod hardening;
 mod harness;
 mod isolation;
+mod oversize;
 mod pipeline;
 mod rebalance;
 mod receiver;
