@@ -60,10 +60,11 @@ const TCP_KEEPALIVE: Duration = Duration::from_secs(30);
 pub const BODY_GRACE: Duration = Duration::from_secs(1);
 
 /// Longest a deferrable delivery waits for an endpoint's concurrency slot before the endpoint
-/// counts as saturated. Above the slot wait of a busy endpoint that keeps up (its requests take
-/// milliseconds), far below any timeout; short, because while the first deliveries wait, the
-/// events they belong to hold places in the partition window.
-pub const PERMIT_WAIT: Duration = Duration::from_millis(100);
+/// counts as saturated. Well above the slot wait of a busy endpoint that keeps up (its requests
+/// take milliseconds) even on a starved CPU — a healthy endpoint deferred by mistake waits a
+/// whole tier delay — and far below any timeout. Only the first waiters pay it: once saturated,
+/// deliveries are deferred at once until one of the endpoint's requests completes.
+pub const PERMIT_WAIT: Duration = Duration::from_secs(1);
 
 /// Longest expected queueing for a slot (waiters ahead × mean request time / slots) before a
 /// deferrable delivery to a slow endpoint is refused instead of queued.
