@@ -78,7 +78,6 @@ use hookline_common::ownership::{can_block_here, Claim, Ownership};
 use hookline_common::produce::ProduceErrors;
 use hookline_common::progress::Progress;
 use hookline_common::quarantine::Source;
-use hookline_common::recordsize::Limits;
 use hookline_common::shutdown::Shutdown;
 use hookline_common::topics::Topics;
 
@@ -174,21 +173,9 @@ pub async fn run(
         hookline_common::kafka::TOPICS_WAIT,
     )
     .await?;
-    let writer = HopWriter {
-        producer: producer.clone(),
-        limits: Arc::new(
-            Limits::fetch(
-                &config,
-                HopWriter::topics_written(&topics, &config.retry.schedule),
-            )
-            .await
-            .context("reading topic size limits")?,
-        ),
-        topics: topics.clone(),
-        errors: ProduceErrors::register(&registry, "dispatcher")
-            .context("registering produce error metrics")?,
-        shutdown: shutdown.clone(),
-    };
+    let errors = ProduceErrors::register(&registry, "dispatcher")
+        .context("registering produce error metrics")?;
+    let writer = HopWriter::connect(&config, producer.clone(), errors, shutdown.clone()).await?;
     consumer
         .subscribe(&[&dispatch_topic])
         .with_context(|| format!("subscribing to {dispatch_topic}"))?;

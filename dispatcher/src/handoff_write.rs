@@ -81,6 +81,29 @@ pub struct HopWriter {
 }
 
 impl HopWriter {
+    /// A writer for a stage: reads the size limits of every topic a delivery record may be
+    /// written to (see [`HopWriter::topics_written`]) from the broker.
+    pub async fn connect(
+        config: &hookline_common::config::Config,
+        producer: FutureProducer,
+        errors: ProduceErrors,
+        shutdown: Shutdown,
+    ) -> anyhow::Result<HopWriter> {
+        use anyhow::Context as _;
+        let topics = Topics::new(&config.topics.prefix);
+        let written = HopWriter::topics_written(&topics, &config.retry.schedule);
+        let limits = Limits::fetch(config, written)
+            .await
+            .context("reading topic size limits")?;
+        Ok(HopWriter {
+            producer,
+            limits: Arc::new(limits),
+            topics,
+            errors,
+            shutdown,
+        })
+    }
+
     /// Every topic a delivery record may be written to (tiers, DLQ, invalid), for [`Limits`].
     pub fn topics_written(topics: &Topics, schedule: &[std::time::Duration]) -> Vec<String> {
         let mut out: Vec<String> = schedule.iter().skip(1).map(|o| topics.retry(*o)).collect();

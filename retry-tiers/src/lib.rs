@@ -42,7 +42,6 @@ use hookline_common::config::{tier_name, Config};
 use hookline_common::kafka::producer_config;
 use hookline_common::ops::{Readiness, StageProbe};
 use hookline_common::produce::ProduceErrors;
-use hookline_common::recordsize::Limits;
 use hookline_common::shutdown::{self, Shutdown};
 use hookline_common::topics::Topics;
 use hookline_dispatcher::fanout::Endpoints;
@@ -102,19 +101,9 @@ pub async fn run(
     let producer: FutureProducer = producer_config(&config)
         .create()
         .context("creating the retry tier producer")?;
-    let written = HopWriter::topics_written(&topics, &config.retry.schedule);
-    let writer = HopWriter {
-        producer: producer.clone(),
-        limits: Arc::new(
-            Limits::fetch(&config, written)
-                .await
-                .context("reading topic size limits")?,
-        ),
-        topics: topics.clone(),
-        errors: ProduceErrors::register(&registry, "retry")
-            .context("registering produce error metrics")?,
-        shutdown: shutdown.clone(),
-    };
+    let errors =
+        ProduceErrors::register(&registry, "retry").context("registering produce error metrics")?;
+    let writer = HopWriter::connect(&config, producer.clone(), errors, shutdown.clone()).await?;
     let stage = Arc::new(Stage {
         endpoints: Endpoints::new(&config.endpoints),
         config: config.clone(),

@@ -45,7 +45,6 @@ use hookline_common::delivery::{now_ms, DeadReason, DeliveryMeta};
 use hookline_common::kafka::producer_config;
 use hookline_common::produce::{self, OwnedRecord, ProduceErrors, Ungated};
 use hookline_common::quarantine::Source;
-use hookline_common::recordsize::Limits;
 use hookline_common::topics::Topics;
 use hookline_dispatcher::fanout::{self, Endpoints};
 use hookline_dispatcher::handoff::{self, Hop};
@@ -182,20 +181,8 @@ pub async fn run(
         // A command-line run has no shutdown signal of its own: transient errors are retried
         // until they pass or the operator interrupts the command.
         let (_never, shutdown) = hookline_common::shutdown::channel();
-        let writer = HopWriter {
-            producer: producer.clone(),
-            limits: Arc::new(
-                Limits::fetch(
-                    &config,
-                    HopWriter::topics_written(&topics, &config.retry.schedule),
-                )
-                .await
-                .context("reading topic size limits")?,
-            ),
-            topics: topics.clone(),
-            errors: ProduceErrors::unregistered(),
-            shutdown,
-        };
+        let errors = ProduceErrors::unregistered();
+        let writer = HopWriter::connect(&config, producer.clone(), errors, shutdown).await?;
         Some(Arc::new(Replayer {
             topics: topics.clone(),
             schedule: config.retry.schedule.clone(),
