@@ -3,6 +3,7 @@
 
 mod dedupe;
 mod demo;
+mod deploy;
 mod dispatcher;
 mod hardening;
 mod harness;
