@@ -288,3 +288,319 @@ async fn dispatcher_trusts_a_company_ca_from_ssl_cert_file() {
         .await
         .unwrap_or_else(|history| panic!("not delivered with SSL_CERT_FILE: {history}"));
 }
+
+/// The files whose PromQL must only name metrics that exist.
+const MONITORING_FILES: &[&str] = &[
+    "deploy/monitoring/alerts.yaml",
+    "deploy/monitoring/grafana-dashboard.json",
+    "deploy/kubernetes/components/prometheus-operator/prometheusrule.yaml",
+];
+
+fn is_ident(c: char) -> bool {
+    c.is_ascii_alphanumeric() || c == '_' || c == ':'
+}
+
+/// The PromQL of a monitoring file: the `expr`/`query`/`definition` strings of a Grafana
+/// dashboard, or a rule file without its comment lines.
+fn promql_of(file: &str, text: &str) -> String {
+    fn walk(v: &serde_json::Value, out: &mut Vec<String>) {
+        match v {
+            serde_json::Value::Object(m) => {
+                for (k, v) in m {
+                    match (k.as_str(), v) {
+                        ("expr" | "query" | "definition", serde_json::Value::String(s)) => {
+                            out.push(s.clone())
+                        }
+                        _ => walk(v, out),
+                    }
+                }
+            }
+            serde_json::Value::Array(a) => a.iter().for_each(|v| walk(v, out)),
+            _ => {}
+        }
+    }
+    if file.ends_with(".json") {
+        let v: serde_json::Value = serde_json::from_str(text).expect("the dashboard is JSON");
+        let mut out = Vec::new();
+        walk(&v, &mut out);
+        out.join("\n")
+    } else {
+        text.lines()
+            .filter(|l| !l.trim_start().starts_with('#'))
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+}
+
+/// Metric names PromQL uses: every identifier directly followed by `{` or `[` (a selector or a
+/// range), plus every `hookline_…` token (e.g. inside `label_values(…)`); with the equality
+/// matchers (`label="value"`) of each `hookline_…{…}` selector. A selector's braces are skipped,
+/// so regexes in matchers are never read as names.
+fn referenced(promql: &str) -> (BTreeSet<String>, Vec<(String, String, String)>) {
+    let chars: Vec<char> = promql.chars().collect();
+    let mut names = BTreeSet::new();
+    let mut matchers = Vec::new();
+    let mut i = 0;
+    while i < chars.len() {
+        if !(is_ident(chars[i]) && (i == 0 || !is_ident(chars[i - 1]) && chars[i - 1] != '$')) {
+            i += 1;
+            continue;
+        }
+        let start = i;
+        while i < chars.len() && is_ident(chars[i]) {
+            i += 1;
+        }
+        let word: String = chars[start..i].iter().collect();
+        let next = chars.get(i).copied();
+        if word.starts_with("hookline_") || next == Some('{') || next == Some('[') {
+            names.insert(word.clone());
+        }
+        if next == Some('{') {
+            let close = chars[i..]
+                .iter()
+                .position(|&c| c == '}')
+                .map_or(chars.len(), |p| i + p);
+            let inner: String = chars[i + 1..close].iter().collect();
+            if word.starts_with("hookline_") {
+                for m in inner.split(',') {
+                    if let Some((k, v)) = m.split_once('=') {
+                        let (k, v) = (k.trim(), v.trim());
+                        // Regex matchers (=~, !~) and negations are not checked.
+                        if !v.starts_with('~') && !k.ends_with('!') {
+                            matchers.push((
+                                word.clone(),
+                                k.to_string(),
+                                v.trim_matches('"').to_string(),
+                            ));
+                        }
+                    }
+                }
+            }
+            i = close;
+        }
+    }
+    (names, matchers)
+}
+
+/// `(sample name, labels)` of every sample on a Prometheus text page, and the family names.
+fn exported(page: &str) -> (Vec<(String, Vec<(String, String)>)>, BTreeSet<String>) {
+    let mut samples = Vec::new();
+    let mut families = BTreeSet::new();
+    for line in page.lines() {
+        if let Some(rest) = line.strip_prefix("# TYPE ") {
+            if let Some(name) = rest.split_whitespace().next() {
+                families.insert(name.to_string());
+            }
+            continue;
+        }
+        if line.starts_with('#') || line.trim().is_empty() {
+            continue;
+        }
+        let end = line.find(['{', ' ']).unwrap_or(line.len());
+        let name = line[..end].to_string();
+        let mut labels = Vec::new();
+        if line[end..].starts_with('{') {
+            let close = line.find('}').unwrap_or(line.len());
+            for pair in line[end + 1..close].split("\",") {
+                if let Some((k, v)) = pair.split_once("=\"") {
+                    labels.push((k.to_string(), v.trim_end_matches('"').to_string()));
+                }
+            }
+        }
+        samples.push((name, labels));
+    }
+    (samples, families)
+}
+
+fn get(url: &str) -> Option<String> {
+    let out = Command::new("curl")
+        .args(["-sf", "--max-time", "5", url])
+        .output()
+        .ok()?;
+    out.status
+        .success()
+        .then(|| String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// The ops server address from `run all`'s JSON log.
+fn ops_addr(log: &Path) -> Option<String> {
+    let text = std::fs::read_to_string(log).ok()?;
+    text.lines().find_map(|l| {
+        let v: serde_json::Value = serde_json::from_str(l).ok()?;
+        if !v["message"].as_str()?.starts_with("ops server listening") {
+            return None;
+        }
+        v["addr"].as_str().map(str::to_string)
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn alerts_and_dashboard_use_only_metrics_the_binary_exports_after_traffic() {
+    require_kafka();
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let prefix = unique_prefix("metrics-names");
+    let dir = std::env::temp_dir().join(&prefix);
+    std::fs::create_dir_all(&dir).expect("tmp dir");
+    let secret = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
+
+    // A receiver failing every 3rd fresh request (retries that succeed), and an endpoint that
+    // refuses every connection (a dead letter after a schedule of seconds).
+    let mut receiver = Command::new(env!("CARGO_BIN_EXE_hookline"))
+        .args(["receiver", "--listen", "127.0.0.1:0", "--secret", secret])
+        .args(["--fail-every", "3"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start receiver");
+    let mut first = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(receiver.stdout.take().expect("stdout")),
+        &mut first,
+    )
+    .expect("receiver address");
+    let receiver = Hookline { child: receiver };
+    let schedule = "[retry]\nschedule = [\"0s\", \"1s\", \"2s\"]\n";
+    let config_path = dir.join("hookline.toml");
+    std::fs::write(
+        &config_path,
+        format!(
+            "[kafka]\nbootstrap_servers = \"{bs}\"\n[topics]\nprefix = \"{prefix}\"\npartitions = 3\n\
+             [server]\nlisten = \"127.0.0.1:0\"\n[http]\nallow_cidrs = [\"127.0.0.0/8\"]\n\
+             [log]\nformat = \"json\"\n{schedule}\
+             [[endpoints]]\nid = \"demo\"\nurl = \"http://{addr}/webhooks\"\nsecrets = [\"{secret}\"]\n\
+             [[endpoints]]\nid = \"refused\"\nurl = \"http://127.0.0.1:1/webhooks\"\nevent_types = [\"order.*\"]\n",
+            bs = bootstrap(),
+            addr = first.trim(),
+        ),
+    )
+    .expect("write config");
+    apply_topics(&test_config(&prefix, schedule)).await;
+    let log = dir.join("run-all.log");
+    let _pipeline = Hookline::start(&config_path, &["run", "all"], &[], &log);
+
+    // Demo events with re-sent ids, and one record that is not JSON.
+    let out = Command::new(env!("CARGO_BIN_EXE_hookline"))
+        .arg("--config")
+        .arg(&config_path)
+        .args([
+            "demo",
+            "produce",
+            "--count",
+            "12",
+            "--duplicate-rate",
+            "0.5",
+        ])
+        .args(["--rate", "100"])
+        .output()
+        .expect("demo produce");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    produce(
+        &producer(),
+        &format!("{prefix}.events"),
+        None,
+        None,
+        Some(b"not json"),
+        &[],
+    )
+    .await;
+
+    // Traffic has reached every stage once a dead letter exists and an invalid event was counted.
+    let start = Instant::now();
+    let page = loop {
+        let page = ops_addr(&log).and_then(|a| get(&format!("http://{a}/metrics")));
+        if let Some(page) = &page {
+            let (samples, _) = exported(page);
+            let positive = |name: &str, label: (&str, &str)| {
+                page.lines().any(|l| {
+                    l.starts_with(name)
+                        && l.contains(&format!("{}=\"{}\"", label.0, label.1))
+                        && !l.ends_with(" 0")
+                })
+            };
+            if !samples.is_empty()
+                && positive(
+                    "hookline_retry_records_total",
+                    ("outcome", "dead_exhausted"),
+                )
+                && positive(
+                    "hookline_deduper_invalid_events_total",
+                    ("reason", "not_json"),
+                )
+            {
+                break page.clone();
+            }
+        }
+        assert!(
+            start.elapsed() < WAIT,
+            "no dead letter / invalid event on /metrics within {WAIT:?}; log: {}",
+            std::fs::read_to_string(&log).unwrap_or_default()
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    };
+    drop(receiver);
+    let (samples, families) = exported(&page);
+    let sample_names: BTreeSet<String> = samples.iter().map(|(n, _)| n.clone()).collect();
+
+    let external_text =
+        std::fs::read_to_string(root.join("deploy/monitoring/external-metrics.txt"))
+            .expect("external-metrics.txt");
+    let external: BTreeSet<String> = external_text
+        .lines()
+        .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
+        .filter_map(|l| l.split_whitespace().next().map(str::to_string))
+        .collect();
+
+    let mut problems = Vec::new();
+    let mut used_external = BTreeSet::new();
+    let mut used_hookline = BTreeSet::new();
+    for file in MONITORING_FILES {
+        let text = std::fs::read_to_string(root.join(file)).expect("monitoring file");
+        let (names, matchers) = referenced(&promql_of(file, &text));
+        for name in &names {
+            if name.starts_with("hookline_") {
+                used_hookline.insert(name.clone());
+                if !sample_names.contains(name) && !families.contains(name) {
+                    problems.push(format!("{file}: `{name}` is not exported by hookline"));
+                }
+            } else if external.contains(name) {
+                used_external.insert(name.clone());
+            } else {
+                problems.push(format!(
+                    "{file}: `{name}` is neither a hookline metric nor listed in external-metrics.txt"
+                ));
+            }
+        }
+        for (name, key, value) in matchers {
+            // Added by Prometheus / the PodMonitor, not by the binary.
+            if ["namespace", "pod", "job", "instance", "component"].contains(&key.as_str()) {
+                continue;
+            }
+            let found = samples.iter().any(|(n, labels)| {
+                n == &name && labels.iter().any(|(k, v)| k == &key && v == &value)
+            });
+            if !found {
+                problems.push(format!(
+                    "{file}: `{name}{{{key}=\"{value}\"}}` matches no exported series"
+                ));
+            }
+        }
+    }
+    for name in external.difference(&used_external) {
+        problems.push(format!(
+            "external-metrics.txt lists `{name}`, which nothing uses"
+        ));
+    }
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+    // The dashboard parses as JSON and the check really saw names.
+    let dashboard: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(root.join("deploy/monitoring/grafana-dashboard.json"))
+            .expect("dashboard"),
+    )
+    .expect("the Grafana dashboard is valid JSON");
+    assert!(dashboard["panels"].as_array().is_some_and(|p| p.len() > 5));
+    assert!(used_hookline.len() >= 20, "only {used_hookline:?}");
+}
