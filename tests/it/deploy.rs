@@ -422,18 +422,6 @@ fn get(url: &str) -> Option<String> {
         .then(|| String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
-/// The ops server address from `run all`'s JSON log.
-fn ops_addr(log: &Path) -> Option<String> {
-    let text = std::fs::read_to_string(log).ok()?;
-    text.lines().find_map(|l| {
-        let v: serde_json::Value = serde_json::from_str(l).ok()?;
-        if !v["message"].as_str()?.starts_with("ops server listening") {
-            return None;
-        }
-        v["addr"].as_str().map(str::to_string)
-    })
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn alerts_and_dashboard_use_only_metrics_the_binary_exports_after_traffic() {
     require_kafka();
