@@ -65,7 +65,7 @@ rm -f "$log"
 echo "--- deploy checks (scripts/check-deploy.sh)"
 deploy_log=$(mktemp "${TMPDIR:-/tmp}/hookline-deploy.XXXXXX")
 bash scripts/check-deploy.sh 2>&1 | tee "$deploy_log" || status=$?
-deploy_counts=$(grep -E '^check-deploy: [0-9]+ passed, [0-9]+ failed' "$deploy_log" | tail -1)
+deploy_counts=$(grep -E '^check-deploy: [0-9]+ passed, [0-9]+ failed' "$deploy_log" | tail -1 || true)
 rm -f "$deploy_log"
 if [[ -z $deploy_counts ]]; then
   failed=$((failed + 1))

@@ -169,8 +169,10 @@ pub struct Snapshot {
     pub tiers: BTreeMap<String, (f64, f64)>,
 }
 
-/// One sample line of the Prometheus text format: name, labels, value.
-fn parse_line(line: &str) -> Option<(&str, Vec<(&str, &str)>, f64)> {
+/// One sample of the Prometheus text format: name, labels, value.
+type Sample<'a> = (&'a str, Vec<(&'a str, &'a str)>, f64);
+
+fn parse_line(line: &str) -> Option<Sample<'_>> {
     if line.starts_with('#') || line.trim().is_empty() {
         return None;
     }
@@ -296,7 +298,8 @@ async fn fetch(url: &str) -> anyhow::Result<String> {
     let (head, body) = text
         .split_once("\r\n\r\n")
         .with_context(|| format!("{url}: not an HTTP response"))?;
-    if !head.starts_with("HTTP/1.") || !head.split_whitespace().nth(1).is_some_and(|s| s == "200") {
+    let status = head.split_whitespace().nth(1);
+    if !head.starts_with("HTTP/1.") || status != Some("200") {
         anyhow::bail!("{url}: {}", head.lines().next().unwrap_or("no status line"));
     }
     Ok(body.to_string())

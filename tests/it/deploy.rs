@@ -382,8 +382,11 @@ fn referenced(promql: &str) -> (BTreeSet<String>, Vec<(String, String, String)>)
     (names, matchers)
 }
 
+/// A sample's name and labels.
+type Series = (String, Vec<(String, String)>);
+
 /// `(sample name, labels)` of every sample on a Prometheus text page, and the family names.
-fn exported(page: &str) -> (Vec<(String, Vec<(String, String)>)>, BTreeSet<String>) {
+fn exported(page: &str) -> (Vec<Series>, BTreeSet<String>) {
     let mut samples = Vec::new();
     let mut families = BTreeSet::new();
     for line in page.lines() {
