@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs hookline locally (`make run`): a local Kafka broker, the topics, every stage in one process
-# with config/local.toml, a reference webhook receiver (`hookline receiver`, log in
-# target/demo-receiver.log) and a demo producer. Ctrl-C stops hookline and the receiver
+# with config/local.toml (log in target/demo-pipeline.log), a reference webhook receiver
+# (`hookline receiver`, log in target/demo-receiver.log) and a demo producer showing a live
+# progress view, then a summary with commands to try. Ctrl-C stops hookline and the receiver
 # gracefully; the broker keeps running (`deploy/local/kafka stop` stops it).
 # HOOKLINE_DEMO=0: only the pipeline, in the foreground (no receiver, no demo events).
 set -euo pipefail
@@ -25,6 +26,7 @@ fi
 # The receiver's secret is the one of the `demo` endpoint in config/local.toml.
 secret=whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw
 receiver_log=target/demo-receiver.log
+pipeline_log=target/demo-pipeline.log
 receiver_pid=
 pipeline_pid=
 stop() {
@@ -45,17 +47,32 @@ if ! kill -0 "$receiver_pid" 2>/dev/null; then
     exit 1
 fi
 echo "--- receiver on 127.0.0.1:8080 (answers 503 to every 5th fresh request); log: $receiver_log"
-"$bin" --config "$config" run all &
+# The pipeline logs to a file: the terminal shows the progress view instead.
+"$bin" --config "$config" run all >"$pipeline_log" 2>&1 &
 pipeline_pid=$!
+echo "--- pipeline started (log: $pipeline_log); waiting until it is ready"
+for _ in $(seq 1 120); do
+    if (exec 3<>/dev/tcp/127.0.0.1/9464 && printf 'GET /readyz HTTP/1.0\r\n\r\n' >&3 && grep -q ' 200 ' <&3) 2>/dev/null; then
+        break
+    fi
+    if ! kill -0 "$pipeline_pid" 2>/dev/null; then
+        tail -20 "$pipeline_log" >&2
+        echo "the pipeline exited" >&2
+        exit 1
+    fi
+    sleep 0.5
+done
 
-"$bin" --config "$config" demo produce --count 50 --duplicate-rate 0.3 --rate 10 || true
+# 50 events, ~30% re-sent ids; the receiver fails every 5th fresh request (retried 5 s later)
+# and the always-down endpoint makes dead letters after its last attempt (+30 s).
+"$bin" --config "$config" demo produce --count 50 --duplicate-rate 0.3 --rate 10 --watch || true
 
 cat <<EOF
---- the demo is running
+
+--- the demo keeps running
   receiver log:     tail -f $receiver_log   (fresh deliveries, duplicates, 503s then retries)
-  metrics:          http://127.0.0.1:9464/metrics
-  more events:      $bin --config $config demo produce [--count 100 --duplicate-rate 0.3 --rate 20]
-  dead letters:     $bin --config $config dead list
+  pipeline log:     tail -f $pipeline_log
+  more events:      $bin --config $config demo produce --watch [--count 100 --rate 20]
   Ctrl-C stops hookline and the receiver; the broker keeps running (deploy/local/kafka stop).
 EOF
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The full test suite (`make test`): format check, clippy -D warnings, unit tests and integration
-# tests against a real local Kafka broker. Starts the broker if none answers on
+# The full test suite (`make test`): format check, clippy -D warnings, unit tests, integration
+# tests against a real local Kafka broker, and the static deploy checks (scripts/check-deploy.sh). Starts the broker if none answers on
 # HOOKLINE_TEST_KAFKA (default 127.0.0.1:9092) and stops it afterwards if it started it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -59,6 +59,20 @@ HOOKLINE_TEST_KAFKA=$bootstrap cargo test --workspace --all-targets -- \
 passed=$(grep -Eo '^test result: .* ([0-9]+) passed' "$log" | grep -Eo '[0-9]+ passed' | awk '{s+=$1} END {print s+0}')
 failed=$(grep -Eo '^test result: .* ([0-9]+) failed' "$log" | grep -Eo '[0-9]+ failed' | awk '{s+=$1} END {print s+0}')
 rm -f "$log"
+
+# Kubernetes manifests, compose file, alert rules, dashboard (needs the tools of
+# scripts/install-deploy-tools.sh; a missing tool is a failure, never a skip).
+echo "--- deploy checks (scripts/check-deploy.sh)"
+deploy_log=$(mktemp "${TMPDIR:-/tmp}/hookline-deploy.XXXXXX")
+bash scripts/check-deploy.sh 2>&1 | tee "$deploy_log" || status=$?
+deploy_counts=$(grep -E '^check-deploy: [0-9]+ passed, [0-9]+ failed' "$deploy_log" | tail -1 || true)
+rm -f "$deploy_log"
+if [[ -z $deploy_counts ]]; then
+  failed=$((failed + 1))
+else
+  passed=$((passed + $(echo "$deploy_counts" | grep -Eo '[0-9]+ passed' | grep -Eo '[0-9]+')))
+  failed=$((failed + $(echo "$deploy_counts" | grep -Eo '[0-9]+ failed' | grep -Eo '[0-9]+')))
+fi
 echo "--- test suite finished in $(( $(date +%s) - t0 ))s"
 # The whole suite's count, on the last line.
 echo "hookline: $passed passed, $failed failed"

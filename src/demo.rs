@@ -5,7 +5,9 @@
 //! signature, refuse timestamps more than 5 minutes from now, and dedupe by `webhook-id` (the
 //! dispatcher delivers at least once). `--fail-every N` answers 503 to every Nth fresh request so
 //! retries show up. The producer re-sends some ids with different bytes and keys so the deduper
-//! has something to collapse.
+//! has something to collapse. `demo produce --watch` shows the pipeline working as a live
+//! progress view read from its `/metrics` (produced, deduplicated, delivered, retrying per tier,
+//! dead) and ends with a summary naming the `dead list` / `replay` commands to try.
 
 use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
@@ -73,6 +75,16 @@ pub struct ProduceArgs {
     /// Records per second.
     #[arg(long, default_value_t = 20.0)]
     rate: f64,
+    /// Show a live progress view from the running pipeline's `/metrics` until every event is
+    /// delivered or dead, then a summary with commands to try.
+    #[arg(long)]
+    watch: bool,
+    /// The pipeline's metrics page; default: `server.listen` of the configuration.
+    #[arg(long, value_name = "URL")]
+    metrics_url: Option<String>,
+    /// With `--watch`: give up waiting for the pipeline to settle after this many seconds.
+    #[arg(long, value_name = "SECS", default_value_t = 180)]
+    watch_timeout: u64,
 }
 
 /// `hookline receiver`: runs without a configuration file (it is the other side of the wire).
@@ -316,10 +328,30 @@ async fn handle(
     reply(StatusCode::OK, json!({ "status": "ok" }))
 }
 
-/// `hookline demo …`.
-pub async fn run(command: DemoCommand, config: Arc<Config>) -> anyhow::Result<()> {
+/// `hookline demo …`; `config_path` is only printed (in the commands the summary suggests).
+pub async fn run(
+    command: DemoCommand,
+    config: Arc<Config>,
+    config_path: &std::path::Path,
+) -> anyhow::Result<()> {
     match command {
-        DemoCommand::Produce(args) => produce(args, &config).await,
+        DemoCommand::Produce(args) if args.watch => {
+            let url = match &args.metrics_url {
+                Some(u) => u.clone(),
+                None => watch::metrics_url(config.server.listen),
+            };
+            let timeout = Duration::from_secs(args.watch_timeout);
+            let view = watch::View::new(args.count);
+            let produced = {
+                let view = view.clone();
+                let config = config.clone();
+                tokio::spawn(async move { produce_with(args, &config, Some(view)).await })
+            };
+            let outcome = watch::run(&view, &url, produced, timeout).await?;
+            watch::summary(&outcome, config_path, &config);
+            Ok(())
+        }
+        DemoCommand::Produce(args) => produce_with(args, &config, None).await.map(|_| ()),
     }
 }
 
@@ -349,7 +381,18 @@ fn demo_event(id: &str, n: u64, resend: Option<u64>) -> serde_json::Value {
     json!({ "id": id, "type": event_type, "tenant": "demo", "data": data })
 }
 
-async fn produce(args: ProduceArgs, config: &Config) -> anyhow::Result<()> {
+/// What a demo run produced.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Produced {
+    pub distinct: u64,
+    pub resent: u64,
+}
+
+async fn produce_with(
+    args: ProduceArgs,
+    config: &Config,
+    view: Option<watch::View>,
+) -> anyhow::Result<Produced> {
     if !(0.0..=1.0).contains(&args.duplicate_rate) {
         anyhow::bail!("--duplicate-rate must be within 0..=1");
     }
@@ -363,11 +406,15 @@ async fn produce(args: ProduceArgs, config: &Config) -> anyhow::Result<()> {
     let run = format!("{:x}", unix_now());
     let mut tick = tokio::time::interval(Duration::from_secs_f64(1.0 / args.rate));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    println!(
-        "producing {} demo events to {topic} (run {run}, duplicate rate {}, {} records/s)",
-        args.count, args.duplicate_rate, args.rate
-    );
-    let mut rng = rand::thread_rng();
+    // With a live view, it reports instead of these lines.
+    if view.is_none() {
+        println!(
+            "producing {} demo events to {topic} (run {run}, duplicate rate {}, {} records/s)",
+            args.count, args.duplicate_rate, args.rate
+        );
+    }
+    // Send (the producer runs as a task beside the live view), unlike `thread_rng`.
+    let mut rng = <rand::rngs::StdRng as rand::SeedableRng>::from_entropy();
     let (mut fresh, mut duplicates) = (0u64, 0u64);
     for n in 0..args.count {
         let id = format!("demo-{run}-{n}");
@@ -375,6 +422,9 @@ async fn produce(args: ProduceArgs, config: &Config) -> anyhow::Result<()> {
         tick.tick().await;
         send(&producer, &topic, &id, &value).await?;
         fresh += 1;
+        if let Some(v) = &view {
+            v.produced(fresh, duplicates);
+        }
         if rng.gen_bool(args.duplicate_rate) {
             let earlier = rng.gen_range(0..=n);
             duplicates += 1;
@@ -383,7 +433,17 @@ async fn produce(args: ProduceArgs, config: &Config) -> anyhow::Result<()> {
             let key = format!("{id}-resend-{duplicates}");
             tick.tick().await;
             send(&producer, &topic, &key, &value).await?;
+            if let Some(v) = &view {
+                v.produced(fresh, duplicates);
+            }
         }
+    }
+    let produced = Produced {
+        distinct: fresh,
+        resent: duplicates,
+    };
+    if view.is_some() {
+        return Ok(produced);
     }
     println!(
         "sent {} records to {topic}: {fresh} distinct events (demo-{run}-0 … demo-{run}-{}), \
@@ -391,7 +451,7 @@ async fn produce(args: ProduceArgs, config: &Config) -> anyhow::Result<()> {
         fresh + duplicates,
         args.count.saturating_sub(1)
     );
-    Ok(())
+    Ok(produced)
 }
 
 async fn send(
@@ -410,6 +470,8 @@ async fn send(
         .with_context(|| format!("producing to {topic}"))?;
     Ok(())
 }
+
+mod watch;
 
 #[cfg(test)]
 mod tests {

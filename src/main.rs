@@ -159,7 +159,7 @@ fn main() -> ExitCode {
                     return ExitCode::FAILURE;
                 }
             };
-            match runtime.block_on(run_command(command, config)) {
+            match runtime.block_on(run_command(command, config, &cli.config)) {
                 Ok(code) => code,
                 Err(e) => {
                     tracing::error!(error = format!("{e:#}"), "hookline failed");
@@ -171,7 +171,11 @@ fn main() -> ExitCode {
     }
 }
 
-async fn run_command(command: Command, config: Arc<Config>) -> anyhow::Result<ExitCode> {
+async fn run_command(
+    command: Command,
+    config: Arc<Config>,
+    config_path: &std::path::Path,
+) -> anyhow::Result<ExitCode> {
     match command {
         Command::Topics {
             command: TopicsCommand::Describe,
@@ -246,7 +250,9 @@ async fn run_command(command: Command, config: Arc<Config>) -> anyhow::Result<Ex
         Command::Dead { command } => hookline_retry_tiers::cli::dead(config, command)
             .await
             .map(|()| ExitCode::SUCCESS),
-        Command::Demo { command } => demo::run(command, config).await.map(|()| ExitCode::SUCCESS),
+        Command::Demo { command } => demo::run(command, config, config_path)
+            .await
+            .map(|()| ExitCode::SUCCESS),
         Command::Config { .. } | Command::Receiver(_) => {
             unreachable!("handled before the runtime starts")
         }

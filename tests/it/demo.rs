@@ -213,3 +213,81 @@ async fn demo_produce_sends_count_distinct_ids_plus_resent_duplicates() {
         "stdout: {stdout}"
     );
 }
+
+/// `make run`'s demo: with `--watch` the producer shows the pipeline's progress (read from its
+/// /metrics) until every event is delivered or dead, then a summary with the dead-letter commands.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn demo_produce_watch_waits_for_deliveries_and_dead_letters_then_prints_the_commands() {
+    require_kafka();
+    let prefix = unique_prefix("demo-watch");
+    let r = ReceiverProc::start(&["--fail-every", "3"]);
+    let schedule = "[retry]\nschedule = [\"0s\", \"1s\", \"2s\"]\n";
+    apply_topics(&test_config(&prefix, schedule)).await;
+    let dir = std::env::temp_dir().join(&prefix);
+    std::fs::create_dir_all(&dir).expect("tmp dir");
+    let config = dir.join("hookline.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[kafka]\nbootstrap_servers = \"{bs}\"\n[topics]\nprefix = \"{prefix}\"\npartitions = 3\n\
+             [server]\nlisten = \"127.0.0.1:0\"\n[http]\nallow_cidrs = [\"127.0.0.0/8\"]\n\
+             [log]\nformat = \"json\"\n{schedule}\
+             [[endpoints]]\nid = \"demo\"\nurl = \"{url}\"\nsecrets = [\"{SECRET}\"]\n\
+             [[endpoints]]\nid = \"always-down\"\nurl = \"http://127.0.0.1:9/webhooks\"\nevent_types = [\"order.*\"]\n",
+            bs = crate::harness::bootstrap(),
+            url = r.url,
+        ),
+    )
+    .expect("write config");
+    let log = dir.join("pipeline.log");
+    let mut pipeline = hookline()
+        .arg("--config")
+        .arg(&config)
+        .args(["run", "all"])
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).expect("log"))
+        .spawn()
+        .expect("start the pipeline");
+    let start = std::time::Instant::now();
+    let addr = loop {
+        if let Some(addr) = crate::harness::ops_addr(&log) {
+            break addr;
+        }
+        assert!(start.elapsed() < Duration::from_secs(30), "no ops address");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+
+    let out = hookline()
+        .arg("--config")
+        .arg(&config)
+        .args(["demo", "produce", "--count", "6", "--duplicate-rate", "0.5"])
+        .args(["--rate", "50", "--watch", "--watch-timeout", "120"])
+        .args(["--metrics-url", &format!("http://{addr}/metrics")])
+        .output()
+        .expect("run demo produce --watch");
+    let _ = pipeline.kill();
+    let _ = pipeline.wait();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "demo produce --watch failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        stdout.contains("demo finished: every event is delivered or dead"),
+        "{stdout}"
+    );
+    // Events 1 and 4 of 6 are order.paid: the always-down endpoint makes exactly 2 dead letters.
+    assert!(stdout.contains("dead          2 deliveries"), "{stdout}");
+    assert!(stdout.contains("produced      6 events"), "{stdout}");
+    for command in ["dead list", "dead show", "replay --all --dry-run"] {
+        assert!(stdout.contains(command), "no `{command}` in {stdout}");
+    }
+    // The summary's numbers are real: the receiver got all 6 events.
+    let delivered: u64 = stdout
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("delivered"))
+        .and_then(|rest| rest.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0);
+    assert!(delivered >= 6, "{stdout}");
+}

@@ -305,3 +305,15 @@ pub fn write_config(prefix: &str, kafka_extra: &str) -> std::path::PathBuf {
     .expect("write config");
     path
 }
+
+/// The ops server address a `hookline run …` child logged (`[log] format = "json"`) to `log`.
+pub fn ops_addr(log: &std::path::Path) -> Option<String> {
+    let text = std::fs::read_to_string(log).ok()?;
+    text.lines().find_map(|l| {
+        let v: serde_json::Value = serde_json::from_str(l).ok()?;
+        if !v["message"].as_str()?.starts_with("ops server listening") {
+            return None;
+        }
+        v["addr"].as_str().map(str::to_string)
+    })
+}

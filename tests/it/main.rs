@@ -4,6 +4,7 @@
 mod bench;
 mod dedupe;
 mod demo;
+mod deploy;
 mod dispatcher;
 mod hardening;
 mod harness;

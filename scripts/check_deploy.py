@@ -1,0 +1,285 @@
+#!/usr/bin/env python3
+"""Static checks of the deployment artefacts (run by scripts/check-deploy.sh, part of `make test`).
+
+Kubernetes: renders the example overlay (and the overlay with the KEDA component) with kustomize,
+validates every object against the Kubernetes API schemas offline (kubernetes-validate, pinned
+Kubernetes version), checks the security and probe settings the README promises, and runs
+`hookline config check` on the config the pods would assemble (ConfigMap + endpoints Secret +
+environment). Monitoring: `promtool check rules`, `promtool test rules`, the PrometheusRule in step
+with the rule file, the Grafana JSON parses. Compose: every hookline service's command is a real
+subcommand, every mounted config passes `config check`, health checks and restart policies.
+
+Which metrics the rules and the dashboard may use is checked against the real binary's /metrics
+by tests/it/deploy.rs (it needs a broker and traffic).
+
+Usage: check_deploy.py --hookline BIN --kustomize BIN --kubernetes-validate BIN --promtool BIN
+"""
+
+import argparse
+import base64
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+KUBERNETES_VERSION = "1.33.0"
+OVERLAY = ROOT / "deploy/kubernetes/overlays/example"
+KEDA = ROOT / "deploy/kubernetes/components/keda"
+# Long-running stages (probes, grace period); the topics Job runs to completion.
+STAGES = {"hookline-deduper", "hookline-dispatcher", "hookline-retry-tiers"}
+
+passed, failed = 0, 0
+
+
+def check(name, ok, detail=""):
+    global passed, failed
+    if ok:
+        passed += 1
+        print(f"ok    {name}")
+    else:
+        failed += 1
+        print(f"FAIL  {name}{': ' + detail if detail else ''}")
+
+
+def run(cmd, env=None, cwd=None):
+    r = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=cwd)
+    return r.returncode, r.stdout + r.stderr
+
+
+def hookline_env(extra):
+    """The environment a hookline process would get: ours without HOOKLINE_*, plus `extra`."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HOOKLINE_")}
+    env.update(extra)
+    return env
+
+
+def duration_secs(text):
+    m = re.fullmatch(r"(\d+)(ms|s|m|h)", text)
+    if not m:
+        raise ValueError(f"unsupported duration {text!r}")
+    n, unit = int(m.group(1)), m.group(2)
+    return n * {"ms": 0.001, "s": 1, "m": 60, "h": 3600}[unit]
+
+
+def subcommand_ok(hookline, args):
+    """A command line is accepted by the binary's argument parser (`… --help` exits 0)."""
+    code, out = run([hookline, *args, "--help"], env=hookline_env({}))
+    return code == 0, out.strip().splitlines()[-1] if out.strip() else ""
+
+
+def render(kustomize, path):
+    code, out = run([kustomize, "build", str(path)])
+    check(f"kustomize build {path.relative_to(ROOT) if path.is_relative_to(ROOT) else path}",
+          code == 0, out[-2000:])
+    return out if code == 0 else ""
+
+
+def pod_specs(objects):
+    for o in objects:
+        spec = o.get("spec", {})
+        if o["kind"] in ("Deployment", "StatefulSet", "Job"):
+            yield o, spec["template"]["spec"]
+
+
+def check_kubernetes(args):
+    rendered = render(args.kustomize, OVERLAY)
+    if not rendered:
+        return
+    # The overlay plus the optional KEDA component, rendered from a temporary kustomization.
+    with tempfile.TemporaryDirectory() as tmp:
+        Path(tmp, "kustomization.yaml").write_text(
+            "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\n"
+            f"resources:\n  - {os.path.relpath(OVERLAY, tmp)}\n"
+            f"components:\n  - {os.path.relpath(KEDA, tmp)}\n")
+        with_keda = render(args.kustomize, Path(tmp))
+    for label, text in (("overlay", rendered), ("overlay + keda", with_keda)):
+        with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as f:
+            f.write(text)
+        code, out = run([args.kubernetes_validate, "--strict", "--quiet",
+                         "-k", KUBERNETES_VERSION, f.name])
+        os.unlink(f.name)
+        errors = [l for l in out.splitlines() if "ERROR" in l]
+        check(f"kubernetes-validate --strict -k {KUBERNETES_VERSION} ({label})",
+              code == 0 and not errors, "\n".join(errors) or out[-2000:])
+
+    objects = [o for o in yaml.safe_load_all(rendered) if o]
+    with_keda_objects = [o for o in yaml.safe_load_all(with_keda) if o]
+    by_kind = {}
+    for o in objects:
+        by_kind.setdefault(o["kind"], []).append(o)
+
+    # The config every pod assembles: ConfigMap hookline.toml + Secret endpoints.toml, with the
+    # credentials Secret and the container's env as HOOKLINE_… overrides.
+    cm = next(o for o in by_kind["ConfigMap"] if o["metadata"]["name"].startswith("hookline-config"))
+    secrets = {o["metadata"]["name"].rsplit("-", 1)[0]: o for o in by_kind["Secret"]}
+    decode = lambda o, k: base64.b64decode(o["data"][k]).decode()
+    config_text = cm["data"]["hookline.toml"] + "\n" + decode(secrets["hookline-endpoints"], "endpoints.toml")
+    credentials = {k: base64.b64decode(v).decode()
+                   for k, v in secrets["hookline-kafka-credentials"].get("data", {}).items()}
+    import tomllib
+    config = tomllib.loads(config_text)
+    listen_port = int(config["server"]["listen"].rsplit(":", 1)[1])
+    grace = duration_secs(config.get("dispatcher", {}).get("shutdown_grace", "20s"))
+    check("config listens on all interfaces (probes and scrapes reach it)",
+          config["server"]["listen"].startswith("0.0.0.0:"), config["server"]["listen"])
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp, "hookline.toml")
+        path.write_text(config_text)
+        for o, spec in pod_specs(objects):
+            for c in spec.get("initContainers", []) + spec["containers"]:
+                env = {e["name"]: e.get("value", "pod-name-0") for e in c.get("env", [])
+                       if e["name"] != "HOOKLINE_CONFIG"}
+                env.update(credentials)
+                code, out = run([args.hookline, "config", "check", str(path)], env=hookline_env(env))
+                check(f"config check with the env of {o['metadata']['name']}/{c['name']}",
+                      code == 0, out.strip())
+
+    for o, spec in pod_specs(objects):
+        name = o["metadata"]["name"]
+        sc = spec.get("securityContext", {})
+        check(f"{name}: enableServiceLinks false", spec.get("enableServiceLinks") is False)
+        check(f"{name}: no service account token", spec.get("automountServiceAccountToken") is False)
+        check(f"{name}: runAsNonRoot with a numeric runAsUser",
+              sc.get("runAsNonRoot") is True and isinstance(sc.get("runAsUser"), int) and sc["runAsUser"] > 0)
+        check(f"{name}: seccomp RuntimeDefault", sc.get("seccompProfile", {}).get("type") == "RuntimeDefault")
+        for c in spec.get("initContainers", []) + spec["containers"]:
+            csc = c.get("securityContext", {})
+            where = f"{name}/{c['name']}"
+            check(f"{where}: read-only root, no privilege escalation, ALL capabilities dropped",
+                  csc.get("readOnlyRootFilesystem") is True and csc.get("allowPrivilegeEscalation") is False
+                  and csc.get("capabilities", {}).get("drop") == ["ALL"])
+            res = c.get("resources", {})
+            check(f"{where}: cpu/memory requests and a memory limit",
+                  {"cpu", "memory"} <= set(res.get("requests", {})) and "memory" in res.get("limits", {}))
+            cmd = c.get("args") or []
+            if c.get("command", [None])[0] == "sh":
+                # The init container: its script ends in `hookline config check FILE`.
+                cmd = c["command"][-1].split("exec hookline ", 1)[1].split()
+            ok, out = subcommand_ok(args.hookline, cmd)
+            check(f"{where}: `hookline {' '.join(cmd)}` is a real subcommand", ok, out)
+        if name not in STAGES:
+            continue
+        c = spec["containers"][0]
+        ports = {p["name"]: p["containerPort"] for p in c.get("ports", [])}
+        check(f"{name}: port `ops` is server.listen's port {listen_port}", ports.get("ops") == listen_port, str(ports))
+        rp, lp = c.get("readinessProbe", {}).get("httpGet", {}), c.get("livenessProbe", {}).get("httpGet", {})
+        check(f"{name}: readiness /readyz, liveness /healthz on `ops`",
+              rp.get("path") == "/readyz" and lp.get("path") == "/healthz"
+              and rp.get("port") == "ops" and lp.get("port") == "ops")
+        tgp = spec.get("terminationGracePeriodSeconds", 30)
+        check(f"{name}: terminationGracePeriodSeconds {tgp} > shutdown_grace {grace:g}s + 10 s", tgp > grace + 10)
+
+    sts = by_kind["StatefulSet"][0]
+    env = {e["name"]: e for e in sts["spec"]["template"]["spec"]["containers"][0].get("env", [])}
+    iid = env.get("HOOKLINE_KAFKA__INSTANCE_ID", {}).get("valueFrom", {}).get("fieldRef", {}).get("fieldPath")
+    check("deduper StatefulSet: kafka.instance_id from the pod name", iid == "metadata.name")
+    for kind in ("Deployment",):
+        for o in by_kind[kind]:
+            names = {e["name"] for e in o["spec"]["template"]["spec"]["containers"][0].get("env", [])}
+            check(f"{o['metadata']['name']}: no static membership (pod names change on rollout)",
+                  "HOOKLINE_KAFKA__INSTANCE_ID" not in names)
+    pdbs = {o["spec"]["selector"]["matchLabels"].get("app.kubernetes.io/component") for o in by_kind["PodDisruptionBudget"]}
+    check("a PodDisruptionBudget per stage", {"deduper", "dispatcher", "retry-tiers"} <= pdbs, str(pdbs))
+    check("HPA on the dispatcher", any(o["spec"]["scaleTargetRef"]["name"] == "hookline-dispatcher"
+                                       for o in by_kind.get("HorizontalPodAutoscaler", [])))
+    np = by_kind["NetworkPolicy"][0]["spec"]
+    blocks = [t["ipBlock"] for r in np["egress"] for t in r.get("to", []) if "ipBlock" in t]
+    check("NetworkPolicy: internet egress excludes cluster-internal ranges",
+          any(b["cidr"] == "0.0.0.0/0" and {"10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "169.254.0.0/16"}
+              <= set(b.get("except", [])) for b in blocks))
+    pm = by_kind["PodMonitor"][0]["spec"]
+    check("PodMonitor scrapes the `ops` port", pm["podMetricsEndpoints"][0]["port"] == "ops")
+    rule = by_kind["PrometheusRule"][0]["spec"]["groups"]
+    alerts = yaml.safe_load((ROOT / "deploy/monitoring/alerts.yaml").read_text())["groups"]
+    check("PrometheusRule groups == deploy/monitoring/alerts.yaml", rule == alerts)
+    kinds = {o["kind"] for o in with_keda_objects}
+    so = [o for o in with_keda_objects if o["kind"] == "ScaledObject"]
+    check("keda component: a ScaledObject on the dispatcher replaces the CPU HPA",
+          "HorizontalPodAutoscaler" not in kinds and so and so[0]["spec"]["scaleTargetRef"]["name"] == "hookline-dispatcher")
+
+
+def check_monitoring(args):
+    rules = ROOT / "deploy/monitoring/alerts.yaml"
+    code, out = run([args.promtool, "check", "rules", str(rules)])
+    check("promtool check rules deploy/monitoring/alerts.yaml", code == 0, out)
+    code, out = run([args.promtool, "test", "rules", "alerts.test.yaml"], cwd=ROOT / "deploy/monitoring")
+    check("promtool test rules deploy/monitoring/alerts.test.yaml", code == 0, out)
+    doc = (ROOT / "docs/operations.md").read_text() if (ROOT / "docs/operations.md").exists() else ""
+    for group in yaml.safe_load(rules.read_text())["groups"]:
+        for r in group["rules"]:
+            anchor = r["annotations"].get("runbook_url", "").split("#")[-1]
+            check(f"runbook entry for {r['alert']}",
+                  anchor == r["alert"].lower() and f"### {r['alert']}" in doc, anchor)
+    try:
+        dash = json.loads((ROOT / "deploy/monitoring/grafana-dashboard.json").read_text())
+        check("Grafana dashboard parses", bool(dash.get("panels")))
+    except ValueError as e:
+        check("Grafana dashboard parses", False, str(e))
+
+
+def check_compose(args):
+    compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+    services = compose["services"]
+    subnets = [c["subnet"] for n in compose.get("networks", {}).values() if n
+               for c in n.get("ipam", {}).get("config", [])]
+    for name, svc in services.items():
+        uses_hookline = "build" in svc or str(svc.get("image", "")).startswith("hookline")
+        check(f"compose {name}: restart policy", "restart" in svc)
+        for dep in svc.get("depends_on", {}):
+            check(f"compose {name}: depends on existing service {dep}", dep in services)
+        for v in svc.get("volumes", []):
+            source = v.split(":")[0]
+            if not source.startswith("."):
+                check(f"compose {name}: volume {source} declared", source in (compose.get("volumes") or {}))
+        if not uses_hookline:
+            continue
+        ok, out = subcommand_ok(args.hookline, svc["command"])
+        check(f"compose {name}: `hookline {' '.join(svc['command'])}` is a real subcommand", ok, out)
+        env = {k: str(v) for k, v in (svc.get("environment") or {}).items()}
+        for v in svc.get("volumes", []):
+            source, target = v.split(":")[:2]
+            if source.endswith(".toml"):
+                path = ROOT / source
+                code, out = run([args.hookline, "config", "check", str(path)], env=hookline_env(env))
+                check(f"compose {name}: mounted {source} passes config check", code == 0, out.strip())
+                import tomllib
+                cfg = tomllib.loads(path.read_text())
+                allowed = cfg.get("http", {}).get("allow_cidrs", [])
+                check(f"compose {name}: SSRF allow-list is the compose network only",
+                      allowed and set(allowed) <= set(subnets), f"{allowed} vs {subnets}")
+                receiver_secret = services.get("receiver", {}).get("command", [])
+                demo = [e for e in cfg.get("endpoints", []) if e["id"] == "demo"]
+                if demo and "--secret" in receiver_secret:
+                    s = receiver_secret[receiver_secret.index("--secret") + 1]
+                    check(f"compose {name}: the receiver verifies the demo endpoint's secret", s in demo[0]["secrets"])
+    for name in ("kafka", "hookline", "receiver"):
+        check(f"compose {name}: health check", "healthcheck" in services.get(name, {}))
+    kafka_volumes = services["kafka"].get("volumes", [])
+    check("compose kafka: data on a named volume (the DLQ survives `down`)",
+          any(v.split(":")[1] == services["kafka"]["environment"].get("KAFKA_LOG_DIRS") for v in kafka_volumes))
+
+
+def main():
+    p = argparse.ArgumentParser()
+    for tool in ("hookline", "kustomize", "kubernetes-validate", "promtool"):
+        p.add_argument(f"--{tool}", required=True)
+    args = p.parse_args()
+    for section in (check_kubernetes, check_monitoring, check_compose):
+        print(f"--- {section.__name__.removeprefix('check_')}")
+        try:
+            section(args)
+        except Exception as e:  # a broken artefact must fail the run, not stop the report
+            check(f"{section.__name__} ran", False, f"{type(e).__name__}: {e}")
+    print(f"check-deploy: {passed} passed, {failed} failed")
+    return 1 if failed or not passed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
