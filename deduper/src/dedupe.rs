@@ -53,7 +53,8 @@ use rdkafka::{ClientContext, Offset, TopicPartitionList};
 use hookline_common::config::Config;
 use hookline_common::headers as h;
 use hookline_common::kafka::{
-    base_config, consumer_config, producer_config, require_topics, retry_transient, TOPICS_WAIT,
+    base_config, consumer_config, is_transient, producer_config, require_topics, retry_transient,
+    TOPICS_WAIT,
 };
 use hookline_common::keyhash::key_hash;
 use hookline_common::ops::StageProbe;
@@ -658,16 +659,33 @@ enum TxnFailure {
 }
 
 /// Retries a transactional call while librdkafka says it is retriable (or the cluster is briefly
-/// unavailable); classifies the rest.
-fn retry_txn(op: &str, call: impl FnMut() -> Result<(), KafkaError>) -> Result<(), TxnFailure> {
-    match retry_transient(op, call) {
-        Ok(()) => Ok(()),
-        Err(KafkaError::Transaction(e)) if e.is_fatal() => Err(TxnFailure::Fatal(anyhow::anyhow!(
-            "fatal transaction error (fenced by a newer instance?): {e}"
-        ))),
-        Err(e) => Err(TxnFailure::Abortable(anyhow::anyhow!("{e}"))),
+/// unavailable), a bounded number of times (~5.5 s); classifies the rest. A call that stays
+/// "retriable" longer is treated as abortable: e.g. a commit whose transaction holds a record the
+/// broker refuses keeps answering retriable errors, and only the abort (which re-reads the topic
+/// limits and replays the batch) gets the stage going again. The abort and the restore that follow
+/// retry transient errors for as long as a broker restart takes.
+fn retry_txn(op: &str, mut call: impl FnMut() -> Result<(), KafkaError>) -> Result<(), TxnFailure> {
+    let mut tries = 0u64;
+    loop {
+        match call() {
+            Ok(()) => return Ok(()),
+            Err(KafkaError::Transaction(e)) if e.is_fatal() => {
+                return Err(TxnFailure::Fatal(anyhow::anyhow!(
+                    "fatal transaction error (fenced by a newer instance?): {e}"
+                )))
+            }
+            Err(e) if is_transient(&e) && tries < TXN_RETRIES => {
+                tries += 1;
+                tracing::warn!(op, error = %e, tries, "transient error in a transactional call; retrying");
+                std::thread::sleep(Duration::from_millis(100 * tries));
+            }
+            Err(e) => return Err(TxnFailure::Abortable(anyhow::anyhow!("{op}: {e}"))),
+        }
     }
 }
+
+/// Retries of a transactional call before it counts as abortable (100 ms, 200 ms, … ≈ 5.5 s).
+const TXN_RETRIES: u64 = 10;
 
 fn header_str<'a>(msg: &'a BorrowedMessage<'_>, key: &str) -> Option<&'a str> {
     msg.headers()?
