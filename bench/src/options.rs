@@ -51,6 +51,14 @@ pub struct Options {
     #[arg(long, value_parser = humantime::parse_duration, default_value = "20s")]
     #[serde(with = "secs")]
     pub latency_duration: Duration,
+    /// Probes of the bisection for the max sustainable open-model rate (0: take the backlog-drain
+    /// rate as the max, unverified).
+    #[arg(long, default_value_t = 4)]
+    pub search_steps: u8,
+    /// Length of each search probe.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "10s")]
+    #[serde(with = "secs")]
+    pub search_duration: Duration,
     /// Records produced in each isolation run (spread over 100 endpoints).
     #[arg(long, default_value_t = 10_000)]
     pub isolation_events: usize,
@@ -65,7 +73,8 @@ pub struct Options {
     /// Keep the run's topics on the broker (default: delete them at the end).
     #[arg(long)]
     pub keep_topics: bool,
-    /// A seconds-long run for the test command: 2,000 events, short latency and isolation runs.
+    /// A seconds-long run for the test command: 2,000 events, one short search probe, short latency and
+    /// isolation runs.
     #[arg(long)]
     pub smoke: bool,
 }
@@ -82,6 +91,8 @@ impl Options {
             self.failing_fraction = 0.01;
             self.invalid_fraction = 0.005;
             self.latency_duration = Duration::from_secs(2);
+            self.search_steps = 1;
+            self.search_duration = Duration::from_secs(2);
             self.isolation_events = 500;
             self.hang_timeout = Duration::from_secs(1);
         }
