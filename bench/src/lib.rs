@@ -146,16 +146,18 @@ pub async fn run(opts: Options) -> anyhow::Result<Report> {
         _ => ledger::Expect::default(),
     };
     let main_spec =
-        |name: &str, tag: &str, plan: Vec<load::Planned>, rate: Option<f64>, hops: bool| phases::RunSpec {
-            name: name.into(),
-            tag: tag.into(),
-            plan,
-            tenants: vec!["main".into()],
-            rate,
-            payload_bytes: opts.payload_bytes,
-            expect: Box::new(main_expect),
-            exclude_from_healthy: None,
-            hops,
+        |name: &str, tag: &str, plan: Vec<load::Planned>, rate: Option<f64>, hops: bool| {
+            phases::RunSpec {
+                name: name.into(),
+                tag: tag.into(),
+                plan,
+                tenants: vec!["main".into()],
+                rate,
+                payload_bytes: opts.payload_bytes,
+                expect: Box::new(main_expect),
+                exclude_from_healthy: None,
+                hops,
+            }
         };
     let mut runs = Vec::new();
     let max = phases::run(&mut ctx, &main_spec("max", "max", main_plan, None, false)).await?;
@@ -170,7 +172,12 @@ pub async fn run(opts: Options) -> anyhow::Result<Report> {
     // Bisection over open-model rates in (0, drain rate]: each probe is a short scheduled run;
     // it passes when it kept up (see `search::sustained`).
     let mut search = search::Bisection::new(drain_rate);
-    for step in 1..=opts.search_steps {
+    let steps = if opts.max_rate.is_some() {
+        0
+    } else {
+        opts.search_steps
+    };
+    for step in 1..=steps {
         let rate = search.next_rate();
         let n = ((rate * opts.search_duration.as_secs_f64()) as usize).max(100);
         let tag = format!("s{step}");
@@ -180,7 +187,10 @@ pub async fn run(opts: Options) -> anyhow::Result<Report> {
         search.record(rate, search::sustained(&r, rate));
         runs.push(r);
     }
-    let found = search.result();
+    let mut found = search.result();
+    if let Some(r) = opts.max_rate {
+        found.rate = r;
+    }
     for (name, tag, share, seed) in [("lat-50%", "l50", 0.5, 2), ("lat-90%", "l90", 0.9, 3)] {
         let rate = found.rate * share;
         let n = ((rate * opts.latency_duration.as_secs_f64()) as usize).max(100);
@@ -194,7 +204,12 @@ pub async fn run(opts: Options) -> anyhow::Result<Report> {
         ..mix.clone()
     };
     let tenants: Vec<String> = (0..ISO_ENDPOINTS).map(|j| format!("iso-{j}")).collect();
-    for (name, tag, hanging, seed) in [("iso-base", "ib", false, 4), ("iso-hang", "ih", true, 5)] {
+    let iso_runs: &[(&str, &str, bool, u64)] = if opts.no_isolation {
+        &[]
+    } else {
+        &[("iso-base", "ib", false, 4), ("iso-hang", "ih", true, 5)]
+    };
+    for &(name, tag, hanging, seed) in iso_runs {
         sink.set_hanging(hanging);
         let expect = move |r: &load::Planned| match r {
             load::Planned::Fresh { tenant, .. } if hanging && *tenant == 0 => ledger::Expect {
@@ -296,6 +311,15 @@ fn stage_config(opts: &Options, prefix: &str, sink: &sink::Sink) -> String {
         bs = opts.bootstrap,
         p = opts.partitions,
     );
+    if let Some(d) = opts.batch_interval {
+        let _ = write!(t, "\n[dedupe]\nbatch_interval = \"{}ms\"\n", d.as_millis());
+    }
+    if !opts.stage_kafka_options.is_empty() {
+        t.push_str("\n[kafka.options]\n");
+        for (k, v) in &opts.stage_kafka_options {
+            let _ = writeln!(t, "{k:?} = {v:?}");
+        }
+    }
     let mut endpoint = |id: &str,
                         path: &str,
                         tenant: &str,

@@ -97,6 +97,6 @@ async fn smoke_run_balances_every_ledger_and_reports_every_number() {
         serde_json::from_slice(&std::fs::read(path).expect("read json")).expect("json");
     assert_eq!(json["valid"], true);
     assert_eq!(json["runs"].as_array().map(Vec::len), Some(6));
-    assert!(table.contains("pipeline / HTTP ceiling") && !table.contains("INVALID"));
+    assert!(table.contains("sustainable / HTTP ceiling") && !table.contains("INVALID"));
     let _ = std::fs::remove_dir_all(&out);
 }
