@@ -179,53 +179,56 @@ pub async fn run(ctx: &mut Ctx<'_>, spec: &RunSpec) -> anyhow::Result<RunResult>
             .await
             .context("dlq reader panicked")??
     };
-    let book = ctx.sink.book();
-    let ledger = ledger::settle(
-        &spec.plan,
-        &*spec.expect,
-        &book,
-        &dead_letters,
-        StageCounts {
-            deduplicated: (c1.duplicates - c0.duplicates).max(0.0) as u64,
-            invalid: (c1.invalid - c0.invalid).max(0.0) as u64,
-        },
-    );
+    // The sink's book is a std mutex: read everything from it in this block, before any await.
+    let (ledger, mut receipts, firsts) = {
+        let book = ctx.sink.book();
+        let ledger = ledger::settle(
+            &spec.plan,
+            &*spec.expect,
+            &book,
+            &dead_letters,
+            StageCounts {
+                deduplicated: (c1.duplicates - c0.duplicates).max(0.0) as u64,
+                invalid: (c1.invalid - c0.invalid).max(0.0) as u64,
+            },
+        );
 
-    // Healthy receipts of this run: (receipt ns, scheduled ns, endpoint).
-    let mut receipts: Vec<(u64, u64, u16)> = Vec::new();
-    for rec in &spec.plan {
-        if let Planned::Fresh { id, .. } = rec {
-            let e = (spec.expect)(rec);
-            if let Some(rs) = book.by_id.get(id) {
-                receipts.extend(
-                    rs.iter()
-                        .filter(|r| e.healthy.contains(&r.endpoint))
-                        .map(|r| (r.recv_ns, r.sched_ns, r.endpoint)),
-                );
+        // Healthy receipts of this run: (receipt ns, scheduled ns, endpoint).
+        let mut receipts: Vec<(u64, u64, u16)> = Vec::new();
+        for rec in &spec.plan {
+            if let Planned::Fresh { id, .. } = rec {
+                let e = (spec.expect)(rec);
+                if let Some(rs) = book.by_id.get(id) {
+                    receipts.extend(
+                        rs.iter()
+                            .filter(|r| e.healthy.contains(&r.endpoint))
+                            .map(|r| (r.recv_ns, r.sched_ns, r.endpoint)),
+                    );
+                }
             }
         }
-    }
-    // First healthy receipt per fresh event, for the per-hop split.
-    let firsts: Vec<(String, u64, u64)> = if spec.hops {
-        spec.plan
-            .iter()
-            .filter_map(|rec| match rec {
-                Planned::Fresh { id, .. } => {
-                    let e = (spec.expect)(rec);
-                    let rs = book.by_id.get(id)?;
-                    rs.iter()
-                        .filter(|r| e.healthy.contains(&r.endpoint))
-                        .map(|r| (r.sched_ns, r.recv_ns))
-                        .min_by_key(|r| r.1)
-                        .map(|(s, r)| (id.clone(), s, r))
-                }
-                _ => None,
-            })
-            .collect()
-    } else {
-        Vec::new()
+        // First healthy receipt per fresh event, for the per-hop split.
+        let firsts: Vec<(String, u64, u64)> = if spec.hops {
+            spec.plan
+                .iter()
+                .filter_map(|rec| match rec {
+                    Planned::Fresh { id, .. } => {
+                        let e = (spec.expect)(rec);
+                        let rs = book.by_id.get(id)?;
+                        rs.iter()
+                            .filter(|r| e.healthy.contains(&r.endpoint))
+                            .map(|r| (r.sched_ns, r.recv_ns))
+                            .min_by_key(|r| r.1)
+                            .map(|(s, r)| (id.clone(), s, r))
+                    }
+                    _ => None,
+                })
+                .collect()
+        } else {
+            Vec::new()
+        };
+        (ledger, receipts, firsts)
     };
-    drop(book);
     let hop_latency = match marks0 {
         Some(from) => {
             let (config, n, tag) = (ctx.config.clone(), ctx.partitions, spec.tag.clone());

@@ -571,6 +571,27 @@ mod tests {
         assert_eq!(calls, 1, "a non-transient error is not retried");
     }
 
+    /// `kafka.options` may tune latency (linger, fetch waits) but never turn off what
+    /// correctness depends on: those settings are applied after the passthrough.
+    #[test]
+    fn passthrough_tunes_latency_but_cannot_override_correctness_settings() {
+        let toml = "[kafka]\nbootstrap_servers = \"127.0.0.1:9092\"\n\n[kafka.options]\n\
+                    \"linger.ms\" = \"0\"\n\"fetch.wait.max.ms\" = \"50\"\n\"acks\" = \"1\"\n\
+                    \"enable.idempotence\" = \"false\"\n\"isolation.level\" = \"read_uncommitted\"\n\
+                    \"enable.auto.offset.store\" = \"true\"\n";
+        let config = Config::from_toml_with_env(toml, "t", Vec::new()).expect("config");
+        let p = producer_config(&config);
+        assert_eq!(p.get("linger.ms"), Some("0"));
+        assert_eq!(p.get("compression.type"), Some("lz4"), "default kept");
+        assert_eq!(p.get("acks"), Some("all"));
+        assert_eq!(p.get("enable.idempotence"), Some("true"));
+        let c = consumer_config(&config, "dispatcher");
+        assert_eq!(c.get("fetch.wait.max.ms"), Some("50"));
+        assert_eq!(c.get("isolation.level"), Some("read_committed"));
+        assert_eq!(c.get("enable.auto.offset.store"), Some("false"));
+        assert_eq!(c.get("bootstrap.servers"), Some("127.0.0.1:9092"));
+    }
+
     /// Managed Kafka needs TLS and SASL PLAIN/SCRAM (and often OAUTHBEARER/OIDC): the linked
     /// librdkafka must have them built in, not just accept the option names.
     #[test]
