@@ -6,8 +6,9 @@
 //! 1. HTTP ceiling and Kafka ceiling ([`ceilings`]), before the stages start;
 //! 2. the stages start ([`stages`]) with a config written for the run (short retry schedule so
 //!    failures reach the DLQ within the run; the sink's loopback address allowed);
-//! 3. pipeline runs ([`phases`]): the max rate (as fast as possible), then open-model runs at 50%
-//!    and 90% of it for latency;
+//! 3. pipeline runs ([`phases`]): the backlog drain (as fast as possible), then a bisection for
+//!    the max *sustainable* open-model rate ([`search`]), then open-model runs at 50% and 90% of
+//!    that rate for latency, split by hop ([`hops`]);
 //! 4. isolation: 100 endpoints, once all healthy and once with one hanging until its timeout;
 //! 5. every run balances its [`ledger`] or prints INVALID;
 //! 6. the [`report`]: a table, a JSON file under `target/bench/`, the ratios.
@@ -16,12 +17,14 @@
 //! open-model producer), [`lag`] (consumer lag sampling).
 
 pub mod ceilings;
+pub mod hops;
 pub mod lag;
 pub mod ledger;
 pub mod load;
 pub mod options;
 pub mod phases;
 pub mod report;
+pub mod search;
 pub mod sink;
 pub mod stages;
 
@@ -130,6 +133,7 @@ pub async fn run(opts: Options) -> anyhow::Result<Report> {
         progress: &progress,
         settle_within: Duration::from_secs(if opts.smoke { 45 } else { 180 })
             + opts.hang_timeout * 3,
+        partitions: opts.partitions,
     };
 
     // 3. Pipeline: max rate, then latency at 50% and 90% of it.
@@ -142,30 +146,56 @@ pub async fn run(opts: Options) -> anyhow::Result<Report> {
         _ => ledger::Expect::default(),
     };
     let main_spec =
-        |name: &str, tag: &str, plan: Vec<load::Planned>, rate: Option<f64>| phases::RunSpec {
-            name: name.into(),
-            tag: tag.into(),
-            plan,
-            tenants: vec!["main".into()],
-            rate,
-            payload_bytes: opts.payload_bytes,
-            expect: Box::new(main_expect),
-            exclude_from_healthy: None,
+        |name: &str, tag: &str, plan: Vec<load::Planned>, rate: Option<f64>, hops: bool| {
+            phases::RunSpec {
+                name: name.into(),
+                tag: tag.into(),
+                plan,
+                tenants: vec!["main".into()],
+                rate,
+                payload_bytes: opts.payload_bytes,
+                expect: Box::new(main_expect),
+                exclude_from_healthy: None,
+                hops,
+            }
         };
     let mut runs = Vec::new();
-    let max = phases::run(&mut ctx, &main_spec("max", "max", main_plan, None)).await?;
-    // The input rate (records/s) the pipeline sustained.
-    let max_rate = if max.deliveries > 0 && max.sustained_per_s > 0.0 {
+    let max = phases::run(&mut ctx, &main_spec("max", "max", main_plan, None, false)).await?;
+    // The input rate (records/s) the backlog drain reached: the search's upper bound only. A
+    // drain batches better than records trickling in, so it overstates what can be sustained.
+    let drain_rate = if max.deliveries > 0 && max.sustained_per_s > 0.0 {
         max.sustained_per_s * max.produced as f64 / max.deliveries as f64
     } else {
         100.0
     };
     runs.push(max);
+    // Bisection over open-model rates in (0, drain rate]: each probe is a short scheduled run;
+    // it passes when it kept up (see `search::sustained`).
+    let mut search = search::Bisection::new(drain_rate);
+    let steps = if opts.max_rate.is_some() {
+        0
+    } else {
+        opts.search_steps
+    };
+    for step in 1..=steps {
+        let rate = search.next_rate();
+        let n = ((rate * opts.search_duration.as_secs_f64()) as usize).max(100);
+        let tag = format!("s{step}");
+        let plan = load::plan(&tag, n, 1, &mix, 10 + u64::from(step));
+        let name = format!("search-{step}");
+        let r = phases::run(&mut ctx, &main_spec(&name, &tag, plan, Some(rate), false)).await?;
+        search.record(rate, search::sustained(&r, rate));
+        runs.push(r);
+    }
+    let mut found = search.result();
+    if let Some(r) = opts.max_rate {
+        found.rate = r;
+    }
     for (name, tag, share, seed) in [("lat-50%", "l50", 0.5, 2), ("lat-90%", "l90", 0.9, 3)] {
-        let rate = max_rate * share;
+        let rate = found.rate * share;
         let n = ((rate * opts.latency_duration.as_secs_f64()) as usize).max(100);
         let plan = load::plan(tag, n, 1, &mix, seed);
-        runs.push(phases::run(&mut ctx, &main_spec(name, tag, plan, Some(rate))).await?);
+        runs.push(phases::run(&mut ctx, &main_spec(name, tag, plan, Some(rate), true)).await?);
     }
 
     // 4. Isolation: one event per endpoint round-robin over 100 endpoints, `iso-0` hanging or not.
@@ -174,7 +204,12 @@ pub async fn run(opts: Options) -> anyhow::Result<Report> {
         ..mix.clone()
     };
     let tenants: Vec<String> = (0..ISO_ENDPOINTS).map(|j| format!("iso-{j}")).collect();
-    for (name, tag, hanging, seed) in [("iso-base", "ib", false, 4), ("iso-hang", "ih", true, 5)] {
+    let iso_runs: &[(&str, &str, bool, u64)] = if opts.no_isolation {
+        &[]
+    } else {
+        &[("iso-base", "ib", false, 4), ("iso-hang", "ih", true, 5)]
+    };
+    for &(name, tag, hanging, seed) in iso_runs {
         sink.set_hanging(hanging);
         let expect = move |r: &load::Planned| match r {
             load::Planned::Fresh { tenant, .. } if hanging && *tenant == 0 => ledger::Expect {
@@ -202,6 +237,7 @@ pub async fn run(opts: Options) -> anyhow::Result<Report> {
             payload_bytes: opts.payload_bytes,
             expect: Box::new(expect),
             exclude_from_healthy: Some(ISO_BASE),
+            hops: false,
         };
         runs.push(phases::run(&mut ctx, &spec).await?);
     }
@@ -222,7 +258,15 @@ pub async fn run(opts: Options) -> anyhow::Result<Report> {
     let by_name = |n: &str| runs.iter().find(|r| r.name == n);
     let healthy = |n: &str| by_name(n).and_then(|r| r.healthy_per_s);
     let pipeline = runs.first().map(|r| r.sustained_per_s);
+    // Deliveries/s of the fastest probe that kept up, over the same run's ceilings.
+    let sustainable = runs
+        .iter()
+        .filter(|r| r.name.starts_with("search-") && r.target_rate == Some(found.rate))
+        .map(|r| r.sustained_per_s)
+        .next()
+        .filter(|_| found.verified);
     let ratios = Ratios {
+        sustainable_over_http: sustainable.map(|p| p / http.per_s),
         pipeline_over_http: pipeline.map(|p| p / http.per_s),
         pipeline_over_kafka: pipeline.map(|p| p / kafka.per_s),
         isolation: match (healthy("iso-hang"), healthy("iso-base")) {
@@ -242,6 +286,7 @@ pub async fn run(opts: Options) -> anyhow::Result<Report> {
         kafka_ceiling: kafka,
         runs,
         ratios,
+        sustainable: found,
         peak_rss,
         redelivered,
         valid,
@@ -266,6 +311,15 @@ fn stage_config(opts: &Options, prefix: &str, sink: &sink::Sink) -> String {
         bs = opts.bootstrap,
         p = opts.partitions,
     );
+    if let Some(d) = opts.batch_interval {
+        let _ = write!(t, "\n[dedupe]\nbatch_interval = \"{}ms\"\n", d.as_millis());
+    }
+    if !opts.stage_kafka_options.is_empty() {
+        t.push_str("\n[kafka.options]\n");
+        for (k, v) in &opts.stage_kafka_options {
+            let _ = writeln!(t, "{k:?} = {v:?}");
+        }
+    }
     let mut endpoint = |id: &str,
                         path: &str,
                         tenant: &str,

@@ -51,6 +51,29 @@ pub struct Options {
     #[arg(long, value_parser = humantime::parse_duration, default_value = "20s")]
     #[serde(with = "secs")]
     pub latency_duration: Duration,
+    /// Probes of the bisection for the max sustainable open-model rate (0: take the backlog-drain
+    /// rate as the max, unverified).
+    #[arg(long, default_value_t = 4)]
+    pub search_steps: u8,
+    /// Length of each search probe.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "10s")]
+    #[serde(with = "secs")]
+    pub search_duration: Duration,
+    /// Skip the search: take this many records/s as the max sustainable rate (for comparing
+    /// stage settings at one fixed load; reported as unverified).
+    #[arg(long)]
+    pub max_rate: Option<f64>,
+    /// Skip the two isolation runs.
+    #[arg(long)]
+    pub no_isolation: bool,
+    /// A librdkafka property for every stage client, `key=value` (repeatable): goes into the
+    /// stages' `[kafka.options]`, to measure a client setting without rebuilding.
+    #[arg(long = "stage-kafka-option", value_parser = parse_key_value)]
+    pub stage_kafka_options: Vec<(String, String)>,
+    /// The stages' `dedupe.batch_interval` (default: the config default).
+    #[arg(long, value_parser = humantime::parse_duration)]
+    #[serde(with = "opt_secs")]
+    pub batch_interval: Option<Duration>,
     /// Records produced in each isolation run (spread over 100 endpoints).
     #[arg(long, default_value_t = 10_000)]
     pub isolation_events: usize,
@@ -65,7 +88,8 @@ pub struct Options {
     /// Keep the run's topics on the broker (default: delete them at the end).
     #[arg(long)]
     pub keep_topics: bool,
-    /// A seconds-long run for the test command: 2,000 events, short latency and isolation runs.
+    /// A seconds-long run for the test command: 2,000 events, one short search probe, short latency and
+    /// isolation runs.
     #[arg(long)]
     pub smoke: bool,
 }
@@ -82,6 +106,8 @@ impl Options {
             self.failing_fraction = 0.01;
             self.invalid_fraction = 0.005;
             self.latency_duration = Duration::from_secs(2);
+            self.search_steps = 1;
+            self.search_duration = Duration::from_secs(2);
             self.isolation_events = 500;
             self.hang_timeout = Duration::from_secs(1);
         }
@@ -130,6 +156,26 @@ impl Options {
             self.hookline.display()
         );
         Ok(())
+    }
+}
+
+fn parse_key_value(s: &str) -> Result<(String, String), String> {
+    match s.split_once('=') {
+        Some((k, v)) if !k.trim().is_empty() => Ok((k.trim().to_string(), v.trim().to_string())),
+        _ => Err(format!("--stage-kafka-option wants key=value, got {s:?}")),
+    }
+}
+
+/// Optional durations in the JSON as seconds (null when unset).
+mod opt_secs {
+    use serde::Serializer;
+    use std::time::Duration;
+
+    pub fn serialize<S: Serializer>(d: &Option<Duration>, s: S) -> Result<S::Ok, S::Error> {
+        match d {
+            Some(d) => s.serialize_f64(d.as_secs_f64()),
+            None => s.serialize_none(),
+        }
     }
 }
 

@@ -16,6 +16,7 @@ use rdkafka::producer::FutureProducer;
 use hookline_common::config::Config;
 use hookline_common::topics::Topics;
 
+use crate::hops;
 use crate::lag::LagWatch;
 use crate::ledger::{self, Expect, StageCounts};
 use crate::load::{self, Planned};
@@ -36,6 +37,8 @@ pub struct RunSpec {
     pub expect: Box<dyn Fn(&Planned) -> Expect + Send + Sync>,
     /// Endpoint left out of `healthy_per_s` (the isolation runs' hanging endpoint).
     pub exclude_from_healthy: Option<u16>,
+    /// Read the run's records back from the pipeline topics for per-hop latency ([`crate::hops`]).
+    pub hops: bool,
 }
 
 /// What every run uses.
@@ -48,6 +51,8 @@ pub struct Ctx<'a> {
     pub progress: &'a MultiProgress,
     /// How long after the last record was produced the run may take to settle.
     pub settle_within: Duration,
+    /// Partitions of the pipeline topics.
+    pub partitions: i32,
 }
 
 /// Counters read from the stages' `/metrics` at a point in time.
@@ -83,6 +88,16 @@ pub async fn run(ctx: &mut Ctx<'_>, spec: &RunSpec) -> anyhow::Result<RunResult>
     let cpu0 = ctx.stages.cpu_seconds()?;
     let (bench0, machine0) = (cpu_seconds(std::process::id())?, machine_busy_seconds()?);
     let c0 = counters(ctx.stages).await?;
+    let marks0 = if spec.hops {
+        let (config, n) = (ctx.config.clone(), ctx.partitions);
+        Some(
+            tokio::task::spawn_blocking(move || hops::marks(&config, n))
+                .await
+                .context("hop marks panicked")??,
+        )
+    } else {
+        None
+    };
     let planned_dups_invalid = spec
         .plan
         .iter()
@@ -164,33 +179,68 @@ pub async fn run(ctx: &mut Ctx<'_>, spec: &RunSpec) -> anyhow::Result<RunResult>
             .await
             .context("dlq reader panicked")??
     };
-    let book = ctx.sink.book();
-    let ledger = ledger::settle(
-        &spec.plan,
-        &*spec.expect,
-        &book,
-        &dead_letters,
-        StageCounts {
-            deduplicated: (c1.duplicates - c0.duplicates).max(0.0) as u64,
-            invalid: (c1.invalid - c0.invalid).max(0.0) as u64,
-        },
-    );
+    // The sink's book is a std mutex: read everything from it in this block, before any await.
+    let (ledger, mut receipts, firsts) = {
+        let book = ctx.sink.book();
+        let ledger = ledger::settle(
+            &spec.plan,
+            &*spec.expect,
+            &book,
+            &dead_letters,
+            StageCounts {
+                deduplicated: (c1.duplicates - c0.duplicates).max(0.0) as u64,
+                invalid: (c1.invalid - c0.invalid).max(0.0) as u64,
+            },
+        );
 
-    // Healthy receipts of this run: (receipt ns, scheduled ns, endpoint).
-    let mut receipts: Vec<(u64, u64, u16)> = Vec::new();
-    for rec in &spec.plan {
-        if let Planned::Fresh { id, .. } = rec {
-            let e = (spec.expect)(rec);
-            if let Some(rs) = book.by_id.get(id) {
-                receipts.extend(
-                    rs.iter()
-                        .filter(|r| e.healthy.contains(&r.endpoint))
-                        .map(|r| (r.recv_ns, r.sched_ns, r.endpoint)),
-                );
+        // Healthy receipts of this run: (receipt ns, scheduled ns, endpoint).
+        let mut receipts: Vec<(u64, u64, u16)> = Vec::new();
+        for rec in &spec.plan {
+            if let Planned::Fresh { id, .. } = rec {
+                let e = (spec.expect)(rec);
+                if let Some(rs) = book.by_id.get(id) {
+                    receipts.extend(
+                        rs.iter()
+                            .filter(|r| e.healthy.contains(&r.endpoint))
+                            .map(|r| (r.recv_ns, r.sched_ns, r.endpoint)),
+                    );
+                }
             }
         }
-    }
-    drop(book);
+        // First healthy receipt per fresh event, for the per-hop split.
+        let firsts: Vec<(String, u64, u64)> = if spec.hops {
+            spec.plan
+                .iter()
+                .filter_map(|rec| match rec {
+                    Planned::Fresh { id, .. } => {
+                        let e = (spec.expect)(rec);
+                        let rs = book.by_id.get(id)?;
+                        rs.iter()
+                            .filter(|r| e.healthy.contains(&r.endpoint))
+                            .map(|r| (r.sched_ns, r.recv_ns))
+                            .min_by_key(|r| r.1)
+                            .map(|(s, r)| (id.clone(), s, r))
+                    }
+                    _ => None,
+                })
+                .collect()
+        } else {
+            Vec::new()
+        };
+        (ledger, receipts, firsts)
+    };
+    let hop_latency = match marks0 {
+        Some(from) => {
+            let (config, n, tag) = (ctx.config.clone(), ctx.partitions, spec.tag.clone());
+            tokio::task::spawn_blocking(move || {
+                let to = hops::marks(&config, n)?;
+                hops::measure(&config, &from, &to, &tag, &firsts)
+            })
+            .await
+            .context("hop reader panicked")??
+        }
+        None => Vec::new(),
+    };
     receipts.sort_unstable();
     let deliveries = receipts.len() as u64;
     let first = produced.first_sched_ns;
@@ -272,6 +322,7 @@ pub async fn run(ctx: &mut Ctx<'_>, spec: &RunSpec) -> anyhow::Result<RunResult>
         steady_per_s,
         healthy_per_s,
         latency,
+        hops: hop_latency,
         cpu,
         max_lag: ctx.lag.take_max().into_iter().collect::<BTreeMap<_, _>>(),
         producer_max_behind_ms: produced.max_behind.as_secs_f64() * 1e3,

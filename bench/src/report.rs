@@ -9,6 +9,7 @@ use std::path::PathBuf;
 use serde::Serialize;
 
 use crate::ceilings::{HttpCeiling, KafkaCeiling};
+use crate::hops::HopLatency;
 use crate::ledger::Ledger;
 use crate::options::Options;
 
@@ -52,6 +53,8 @@ pub struct RunResult {
     /// Isolation runs: deliveries/s to every endpoint but the hanging one, whole run.
     pub healthy_per_s: Option<f64>,
     pub latency: Latency,
+    /// Open-model runs: the latency split by hop (see [`crate::hops`]); empty otherwise.
+    pub hops: Vec<HopLatency>,
     pub cpu: Vec<StageCpu>,
     pub max_lag: BTreeMap<String, i64>,
     pub producer_max_behind_ms: f64,
@@ -83,6 +86,10 @@ pub struct Machine {
 
 #[derive(Debug, Clone, Serialize)]
 pub struct Ratios {
+    /// Deliveries/s of the fastest search probe that kept up, over the HTTP ceiling (None when
+    /// no probe kept up).
+    pub sustainable_over_http: Option<f64>,
+    /// Backlog drain (the `max` run) over the HTTP ceiling: an upper bound, not sustainable.
     pub pipeline_over_http: Option<f64>,
     pub pipeline_over_kafka: Option<f64>,
     /// Healthy deliveries/s with 1 of 100 endpoints hanging, over the same without.
@@ -100,6 +107,8 @@ pub struct Report {
     pub kafka_ceiling: KafkaCeiling,
     pub runs: Vec<RunResult>,
     pub ratios: Ratios,
+    /// The bisection for the max sustainable rate.
+    pub sustainable: crate::search::Found,
     /// VmHWM of each stage process at the end, bytes.
     pub peak_rss: BTreeMap<String, u64>,
     /// (id, endpoint) pairs the sink received more than once (at-least-once re-sends).
@@ -241,6 +250,19 @@ impl Report {
                 "  ! deliveries fell behind the schedule: the rate is above what was sustainable"
             );
         }
+        if self.runs.iter().any(|r| !r.hops.is_empty()) {
+            let _ = writeln!(
+                t,
+                "\nlatency by hop, p50 / p99 ms (produce: schedule → <p>.events; validate: → <p>.dedupe; dedupe: → <p>.dispatch; dispatch: → receipt)"
+            );
+            for r in self.runs.iter().filter(|r| !r.hops.is_empty()) {
+                let _ = write!(t, "  {:<9}", r.name);
+                for h in &r.hops {
+                    let _ = write!(t, "  {} {} / {}", h.hop, num(h.p50_ms), num(h.p99_ms));
+                }
+                let _ = writeln!(t);
+            }
+        }
         let _ = writeln!(
             t,
             "\nmachine CPU per run, core-seconds (wall x {} cores available): busy = stages + bench (sink, producer) + rest (broker, other users)",
@@ -283,6 +305,11 @@ impl Report {
             let _ = writeln!(t);
         }
         let max_valid = self.runs.first().is_some_and(|r| r.ledger.balanced);
+        let search_valid = self
+            .runs
+            .iter()
+            .filter(|r| r.name.starts_with("search-"))
+            .all(|r| r.ledger.balanced);
         let iso_valid = self
             .runs
             .iter()
@@ -290,7 +317,17 @@ impl Report {
             .all(|r| r.ledger.balanced);
         let _ = writeln!(
             t,
-            "\npipeline / HTTP ceiling : {}\npipeline / Kafka ceiling: {}\nisolation (99 healthy endpoints, 1 hanging vs none): {}",
+            "\nmax sustainable rate    : {} records/s{} (backlog drain {} records/s; probes: {})\nsustainable / HTTP ceiling: {}\npipeline (drain) / HTTP ceiling : {}\npipeline (drain) / Kafka ceiling: {}\nisolation (99 healthy endpoints, 1 hanging vs none): {}",
+            num(self.sustainable.rate),
+            if self.sustainable.verified { "" } else { " (UNVERIFIED: no probe kept up)" },
+            num(self.sustainable.drain_rate),
+            self.sustainable
+                .probes
+                .iter()
+                .map(|p| format!("{}{}", num(p.rate), if p.sustained { " ok" } else { " behind" }))
+                .collect::<Vec<_>>()
+                .join(", "),
+            ratio(self.ratios.sustainable_over_http, search_valid),
             ratio(self.ratios.pipeline_over_http, max_valid),
             ratio(self.ratios.pipeline_over_kafka, max_valid),
             ratio(self.ratios.isolation, iso_valid)

@@ -29,19 +29,14 @@ use crate::topics::{drift, orphan_tiers, plan, Drift, OrphanTier, TopicSpec};
 
 /// Base client configuration: bootstrap servers and the operator's passthrough options.
 pub fn base_config(config: &Config) -> ClientConfig {
-    let mut c = ClientConfig::new();
-    c.set("bootstrap.servers", &config.kafka.bootstrap_servers);
-    c.set("client.id", "hookline");
-    for (k, v) in &config.kafka.options {
-        c.set(k, v);
-    }
-    c
+    with_passthrough(ClientConfig::new(), config)
 }
 
 /// A consumer for at-least-once processing: offsets are stored by the application only once the
 /// work for a record is done, and committed in the background.
 pub fn consumer_config(config: &Config, stage: &str) -> ClientConfig {
-    let mut c = base_config(config);
+    let mut c = latency_tuned(ClientConfig::new(), CONSUMER_TUNING);
+    c = with_passthrough(c, config);
     c.set("group.id", config.group_id(stage))
         .set("enable.auto.commit", "true")
         .set("auto.commit.interval.ms", "1000")
@@ -58,15 +53,38 @@ pub fn consumer_config(config: &Config, stage: &str) -> ClientConfig {
 
 /// An idempotent producer (no duplicates or reordering from its own retries).
 pub fn producer_config(config: &Config) -> ClientConfig {
-    let mut c = base_config(config);
-    c.set("enable.idempotence", "true")
-        .set("acks", "all")
-        .set("linger.ms", "5")
-        .set("compression.type", "lz4")
-        .set(
-            "message.max.bytes",
-            crate::topics::MAX_MESSAGE_BYTES.to_string(),
-        );
+    let mut c = latency_tuned(ClientConfig::new(), PRODUCER_TUNING);
+    c = with_passthrough(c, config);
+    c.set("enable.idempotence", "true").set("acks", "all").set(
+        "message.max.bytes",
+        crate::topics::MAX_MESSAGE_BYTES.to_string(),
+    );
+    c
+}
+
+/// Latency/batching settings of the pipeline consumers. Set before the `kafka.options`
+/// passthrough so an operator (or `hookline-bench --stage-kafka-option`) can tune them;
+/// correctness settings come after it. Empty: librdkafka's fetch defaults measured as good as
+/// the alternatives tried (docs/performance.md, run 2).
+pub const CONSUMER_TUNING: &[(&str, &str)] = &[];
+
+/// Latency settings of every producer; overridable like [`CONSUMER_TUNING`].
+pub const PRODUCER_TUNING: &[(&str, &str)] = &[("linger.ms", "5"), ("compression.type", "lz4")];
+
+fn latency_tuned(mut c: ClientConfig, tuning: &[(&str, &str)]) -> ClientConfig {
+    for (k, v) in tuning {
+        c.set(*k, *v);
+    }
+    c
+}
+
+/// Bootstrap servers, client id and the passthrough over `c`.
+fn with_passthrough(mut c: ClientConfig, config: &Config) -> ClientConfig {
+    c.set("bootstrap.servers", &config.kafka.bootstrap_servers);
+    c.set("client.id", "hookline");
+    for (k, v) in &config.kafka.options {
+        c.set(k, v);
+    }
     c
 }
 
@@ -551,6 +569,27 @@ mod tests {
         });
         assert!(r.is_err());
         assert_eq!(calls, 1, "a non-transient error is not retried");
+    }
+
+    /// `kafka.options` may tune latency (linger, fetch waits) but never turn off what
+    /// correctness depends on: those settings are applied after the passthrough.
+    #[test]
+    fn passthrough_tunes_latency_but_cannot_override_correctness_settings() {
+        let toml = "[kafka]\nbootstrap_servers = \"127.0.0.1:9092\"\n\n[kafka.options]\n\
+                    \"linger.ms\" = \"0\"\n\"fetch.wait.max.ms\" = \"50\"\n\"acks\" = \"1\"\n\
+                    \"enable.idempotence\" = \"false\"\n\"isolation.level\" = \"read_uncommitted\"\n\
+                    \"enable.auto.offset.store\" = \"true\"\n";
+        let config = Config::from_toml_with_env(toml, "t", Vec::new()).expect("config");
+        let p = producer_config(&config);
+        assert_eq!(p.get("linger.ms"), Some("0"));
+        assert_eq!(p.get("compression.type"), Some("lz4"), "default kept");
+        assert_eq!(p.get("acks"), Some("all"));
+        assert_eq!(p.get("enable.idempotence"), Some("true"));
+        let c = consumer_config(&config, "dispatcher");
+        assert_eq!(c.get("fetch.wait.max.ms"), Some("50"));
+        assert_eq!(c.get("isolation.level"), Some("read_committed"));
+        assert_eq!(c.get("enable.auto.offset.store"), Some("false"));
+        assert_eq!(c.get("bootstrap.servers"), Some("127.0.0.1:9092"));
     }
 
     /// Managed Kafka needs TLS and SASL PLAIN/SCRAM (and often OAUTHBEARER/OIDC): the linked

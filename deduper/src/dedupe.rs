@@ -718,12 +718,10 @@ fn run_blocking(
 ) -> anyhow::Result<()> {
     let topics = Topics::new(&config.topics.prefix);
     let mut pcfg = producer_config(&config);
-    pcfg.set("transactional.id", transactional_id(&config))
-        .set(
-            "transaction.timeout.ms",
-            TRANSACTION_TIMEOUT.as_millis().to_string(),
-        )
-        .set("linger.ms", "5");
+    pcfg.set("transactional.id", transactional_id(&config)).set(
+        "transaction.timeout.ms",
+        TRANSACTION_TIMEOUT.as_millis().to_string(),
+    );
     let producer: ThreadedProducer<rdkafka::producer::DefaultProducerContext> = pcfg
         .create()
         .context("creating the transactional producer")?;

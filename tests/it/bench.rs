@@ -27,7 +27,7 @@ async fn smoke_run_balances_every_ledger_and_reports_every_number() {
     let names: Vec<&str> = report.runs.iter().map(|r| r.name.as_str()).collect();
     assert_eq!(
         names,
-        ["max", "lat-50%", "lat-90%", "iso-base", "iso-hang"],
+        ["max", "search-1", "lat-50%", "lat-90%", "iso-base", "iso-hang"],
         "{table}"
     );
     for r in &report.runs {
@@ -46,10 +46,34 @@ async fn smoke_run_balances_every_ledger_and_reports_every_number() {
     }
     // The mix: the max run sends failing events (dead letters), the hanging endpoint's
     // deliveries end dead, and the latency runs are scheduled (open model).
-    assert!(report.runs[0].ledger.dead > 0, "{table}");
-    assert!(report.runs[4].ledger.dead > 0, "{table}");
-    assert_eq!(report.runs[3].ledger.dead, 0, "{table}");
-    assert!(report.runs[1].target_rate.is_some() && report.runs[2].target_rate.is_some());
+    let run = |n: &str| {
+        report
+            .runs
+            .iter()
+            .find(|r| r.name == n)
+            .expect("run present")
+    };
+    assert!(run("max").ledger.dead > 0, "{table}");
+    assert!(run("iso-hang").ledger.dead > 0, "{table}");
+    assert_eq!(run("iso-base").ledger.dead, 0, "{table}");
+    for n in ["search-1", "lat-50%", "lat-90%"] {
+        assert!(run(n).target_rate.is_some(), "{n}");
+    }
+    // The search probed once; the latency runs are taken of what it found (kept up or not: a
+    // smoke run never judges speed) and come with the latency split by hop, every hop sampled.
+    let found = &report.sustainable;
+    assert_eq!(found.probes.len(), 1, "{table}");
+    assert_eq!(run("search-1").target_rate, Some(found.probes[0].rate));
+    let l50 = run("lat-50%").target_rate.expect("scheduled");
+    assert!((l50 - found.rate * 0.5).abs() < 1e-6, "{table}");
+    for n in ["lat-50%", "lat-90%"] {
+        let hops: Vec<&str> = run(n).hops.iter().map(|h| h.hop.as_str()).collect();
+        assert_eq!(hops, hookline_bench::hops::HOPS, "{n}");
+        for h in &run(n).hops {
+            assert!(h.samples > 0 && h.p99_ms >= h.p50_ms, "{n} {h:?}\n{table}");
+        }
+    }
+    assert!(table.contains("latency by hop"), "{table}");
     assert!(report.runs[0].cpu.iter().any(|c| c.cpu_s > 0.0), "{table}");
 
     assert!(report.http_ceiling.per_s > 0.0 && report.kafka_ceiling.per_s > 0.0);
@@ -72,7 +96,7 @@ async fn smoke_run_balances_every_ledger_and_reports_every_number() {
     let json: serde_json::Value =
         serde_json::from_slice(&std::fs::read(path).expect("read json")).expect("json");
     assert_eq!(json["valid"], true);
-    assert_eq!(json["runs"].as_array().map(Vec::len), Some(5));
-    assert!(table.contains("pipeline / HTTP ceiling") && !table.contains("INVALID"));
+    assert_eq!(json["runs"].as_array().map(Vec::len), Some(6));
+    assert!(table.contains("sustainable / HTTP ceiling") && !table.contains("INVALID"));
     let _ = std::fs::remove_dir_all(&out);
 }
