@@ -61,10 +61,11 @@ pub const BODY_GRACE: Duration = Duration::from_secs(1);
 
 /// Longest a deferrable delivery waits for an endpoint's concurrency slot before the endpoint
 /// counts as saturated. Well above the slot wait of a busy endpoint that keeps up (its requests
-/// take milliseconds) even on a starved CPU — a healthy endpoint deferred by mistake waits a
-/// whole tier delay — and far below any timeout. Only the first waiters pay it: once saturated,
-/// deliveries are deferred at once until one of the endpoint's requests completes.
-pub const PERMIT_WAIT: Duration = Duration::from_secs(1);
+/// take milliseconds) — a healthy endpoint deferred by mistake waits a whole tier delay — and
+/// far below any timeout. Only the first waiters pay it, once per hanging period: once
+/// saturated, deliveries are deferred at once until one of the endpoint's requests completes
+/// (with a 10 s timeout, a hanging endpoint costs the others ~250 ms in 10 s).
+pub const PERMIT_WAIT: Duration = Duration::from_millis(250);
 
 /// Longest expected queueing for a slot (waiters ahead × mean request time / slots) before a
 /// deferrable delivery to a slow endpoint is refused instead of queued.
