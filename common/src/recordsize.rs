@@ -141,6 +141,15 @@ impl Limits {
         self.read().await;
     }
 
+    /// Reads the limits again now, whatever the time since the last read: for callers whose
+    /// size errors are rare and costly (stage B aborts a whole transaction on one).
+    pub async fn refresh_now(&self) {
+        if let Ok(mut last) = self.refreshed.lock() {
+            *last = Some(Instant::now());
+        }
+        self.read().await;
+    }
+
     async fn read(&self) {
         let Some((admin, names)) = &self.source else {
             return;

@@ -550,7 +550,7 @@ impl Core {
                     // does not say which: re-read the limits (a topic's may have been lowered),
                     // so the replayed batch quarantines what no longer fits instead of failing
                     // again and again.
-                    futures::executor::block_on(self.limits.refresh());
+                    futures::executor::block_on(self.limits.refresh_now());
                 }
             }
         }

@@ -488,6 +488,14 @@ async fn aborted_transactions_rewind_and_recover_exactly_once() {
     let out = read_until(&dispatch, Duration::from_secs(90), |r| {
         ids_of(r).0.len() >= 301
     });
+    let mut running = running;
+    if ids_of(&out).0.len() != 301 && running.handle.as_ref().is_some_and(|h| h.is_finished()) {
+        let ended = running.handle.take().expect("handle").await;
+        panic!(
+            "the deduper stopped after the abort ({} of 301 dispatched): {ended:?}",
+            ids_of(&out).0.len()
+        );
+    }
     assert_eq!(
         ids_of(&out).0.len(),
         301,
