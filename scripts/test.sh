@@ -55,7 +55,7 @@ echo "--- cargo test (unit + integration against Kafka at $bootstrap)"
 log=$(mktemp "${TMPDIR:-/tmp}/hookline-test.XXXXXX")
 status=0
 HOOKLINE_TEST_KAFKA=$bootstrap cargo test --workspace --all-targets -- \
-  --test-threads="${HOOKLINE_TEST_THREADS:-4}" 2>&1 | tee "$log" || status=$?
+  --test-threads="${HOOKLINE_TEST_THREADS:-3}" 2>&1 | tee "$log" || status=$?
 passed=$(grep -Eo '^test result: .* ([0-9]+) passed' "$log" | grep -Eo '[0-9]+ passed' | awk '{s+=$1} END {print s+0}')
 failed=$(grep -Eo '^test result: .* ([0-9]+) failed' "$log" | grep -Eo '[0-9]+ failed' | awk '{s+=$1} END {print s+0}')
 rm -f "$log"
