@@ -151,11 +151,8 @@ async fn a_hanging_endpoint_costs_only_itself() {
         100.0 * hang_rate / base_rate,
         last_fast.duration_since(first_hang).as_millis()
     );
-    let deferred = counter(
-        &run.running.registry,
-        "hookline_dispatcher_deferred_total",
-        None,
-    );
+    // Read after the tier: deferrals of `hang` go on after the healthy endpoint is done.
+    let registry = run.running.registry.clone();
 
     // Stopping cuts the 4 hanging attempts short: they are handed off as timeouts (attempt 2);
     // every other delivery to `hang` was deferred (attempt 1 not made) onto the first tier.
@@ -221,6 +218,7 @@ async fn a_hanging_endpoint_costs_only_itself() {
         deferrals >= N - 8,
         "only {deferrals} deferred: more than the 4 slots' worth waited for the endpoint"
     );
+    let deferred = counter(&registry, "hookline_dispatcher_deferred_total", None);
     assert_eq!(
         deferred as usize, deferrals,
         "hookline_dispatcher_deferred_total"
