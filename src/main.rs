@@ -105,6 +105,9 @@ enum Stage {
     All,
 }
 
+/// Longest the process waits, once its command returned, for leftover blocking tasks.
+const RUNTIME_SHUTDOWN_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
@@ -159,7 +162,11 @@ fn main() -> ExitCode {
                     return ExitCode::FAILURE;
                 }
             };
-            match runtime.block_on(run_command(command, config, &cli.config)) {
+            let result = runtime.block_on(run_command(command, config, &cli.config));
+            // Dropping a runtime waits for its blocking tasks without limit; a Kafka call stuck
+            // on an unreachable cluster must not keep the process from exiting.
+            runtime.shutdown_timeout(RUNTIME_SHUTDOWN_WAIT);
+            match result {
                 Ok(code) => code,
                 Err(e) => {
                     tracing::error!(error = format!("{e:#}"), "hookline failed");

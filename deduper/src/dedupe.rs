@@ -23,9 +23,9 @@
 //! abortable ones abort, drop all uncommitted state (every partition is paused, rewound to its
 //! committed offset and restored); fatal ones (fenced) stop the stage with an error so the process
 //! exits non-zero. An error exit always aborts the open transaction, never commits it: it may hold
-//! a dispatch record whose changelog record was never sent. A watchdog exits the process if a
-//! transactional call hangs past its deadline (librdkafka can hang in `send_offsets_to_transaction`
-//! when the group coordinator is down).
+//! a dispatch record whose changelog record was never sent. A watchdog ([`crate::watchdog`]) fails
+//! the stage, naming the call, if a transactional call hangs past its deadline (librdkafka can hang
+//! in `send_offsets_to_transaction` when the group coordinator is down).
 //!
 //! Startup: `<p>.dedupe-state` must have exactly as many partitions as `<p>.dedupe` (partition
 //! `n` of the changelog holds the state of input partition `n`), and `<p>.dispatch` at least as
@@ -36,7 +36,7 @@
 //! loop stamps a heartbeat on every turn.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -66,6 +66,7 @@ use hookline_common::topics::Topics;
 
 use crate::metrics::DedupeMetrics;
 use crate::seen::SeenSet;
+use crate::watchdog::{self, Watchdog};
 
 /// The consumer group of stage B.
 pub const STAGE: &str = "deduper.dedupe";
@@ -75,8 +76,6 @@ pub const STAGE: &str = "deduper.dedupe";
 const TRANSACTION_TIMEOUT: Duration = Duration::from_secs(10);
 /// Timeout handed to each transactional call.
 const TXN_CALL_TIMEOUT: Duration = Duration::from_secs(30);
-/// A transactional call running longer than this kills the process (watchdog).
-const WATCHDOG_DEADLINE: Duration = Duration::from_secs(90);
 
 fn unix_secs() -> u32 {
     std::time::SystemTime::now()
@@ -102,24 +101,38 @@ pub async fn run(
     let stop = Arc::new(AtomicBool::new(false));
     let (done_tx, done_rx) = tokio::sync::oneshot::channel();
     let thread_stop = stop.clone();
+    let watchdog = Watchdog::default();
+    let thread_watchdog = watchdog.clone();
     std::thread::Builder::new()
         .name("dedupe-txn".into())
         .spawn(move || {
-            let result = run_blocking(config, metrics, limits, produce_errors, probe, thread_stop);
+            let result = run_blocking(
+                config,
+                metrics,
+                limits,
+                produce_errors,
+                probe,
+                thread_stop,
+                thread_watchdog,
+            );
             let _ = done_tx.send(result);
         })
         .context("spawning the dedupe thread")?;
     // Dropping this future (e.g. stage A failed first) stops the thread too.
     let _stop_on_drop = StopOnDrop(stop.clone());
     let mut done_rx = done_rx;
+    let died = || Err(anyhow::anyhow!("dedupe thread died"));
     tokio::select! {
-        result = &mut done_rx => return result.unwrap_or_else(|_| Err(anyhow::anyhow!("dedupe thread died"))),
+        result = &mut done_rx => return result.unwrap_or_else(|_| died()),
+        hung = watchdog.hung(watchdog::DEADLINE) => return Err(anyhow::anyhow!("{hung}")),
         _ = shutdown.wait() => {}
     }
     stop.store(true, Ordering::Relaxed);
-    done_rx
-        .await
-        .unwrap_or_else(|_| Err(anyhow::anyhow!("dedupe thread died")))
+    // The final commit is a transactional call too: a hang there fails the stop the same way.
+    tokio::select! {
+        result = done_rx => result.unwrap_or_else(|_| died()),
+        hung = watchdog.hung(watchdog::DEADLINE) => Err(anyhow::anyhow!("{hung}")),
+    }
 }
 
 /// Refuses to start unless `<p>.dedupe-state` has as many partitions as `<p>.dedupe` (the state
@@ -218,7 +231,7 @@ struct Core {
     /// The group gave this member an assignment (possibly empty) that it has not lost since.
     joined: bool,
     probe: StageProbe,
-    watchdog: Arc<AtomicI64>,
+    watchdog: Watchdog,
     /// Partitions whose restore finished and that must be rewound and resumed by the loop.
     to_resume: Vec<(i32, Offset)>,
 }
@@ -326,7 +339,7 @@ impl Core {
 
     fn begin_if_needed(&mut self) -> anyhow::Result<()> {
         if !self.txn_open {
-            self.guarded(|p| p.begin_transaction())
+            self.guarded("begin_transaction", |p| p.begin_transaction())
                 .context("beginning a transaction")?;
             self.txn_open = true;
             self.txn_started = Instant::now();
@@ -334,18 +347,15 @@ impl Core {
         Ok(())
     }
 
-    /// Runs a blocking transactional call under the watchdog.
+    /// Runs a blocking transactional call, named `op`, under the watchdog.
     fn guarded<T>(
         &self,
+        op: &'static str,
         f: impl FnOnce(
             &ThreadedProducer<rdkafka::producer::DefaultProducerContext>,
         ) -> Result<T, KafkaError>,
     ) -> Result<T, KafkaError> {
-        self.watchdog
-            .store(hookline_common::delivery::now_ms(), Ordering::Relaxed);
-        let r = f(&self.producer);
-        self.watchdog.store(0, Ordering::Relaxed);
-        r
+        self.watchdog.guard(op, || f(&self.producer))
     }
 
     /// Handles one record of `<p>.dedupe`.
@@ -592,11 +602,15 @@ impl Core {
                 TxnFailure::Abortable(anyhow::anyhow!("consumer has no group metadata"))
             })?;
             retry_txn("sending offsets to the dedupe transaction", || {
-                self.guarded(|p| p.send_offsets_to_transaction(&tpl, &cgm, TXN_CALL_TIMEOUT))
+                self.guarded("send_offsets_to_transaction", |p| {
+                    p.send_offsets_to_transaction(&tpl, &cgm, TXN_CALL_TIMEOUT)
+                })
             })?;
         }
         retry_txn("committing the dedupe transaction", || {
-            self.guarded(|p| p.commit_transaction(TXN_CALL_TIMEOUT))
+            self.guarded("commit_transaction", |p| {
+                p.commit_transaction(TXN_CALL_TIMEOUT)
+            })
         })
     }
 
@@ -605,7 +619,9 @@ impl Core {
     fn abort_open(&mut self) -> anyhow::Result<()> {
         if self.txn_open {
             retry_transient("aborting the dedupe transaction", || {
-                self.guarded(|p| p.abort_transaction(TXN_CALL_TIMEOUT))
+                self.guarded("abort_transaction", |p| {
+                    p.abort_transaction(TXN_CALL_TIMEOUT)
+                })
             })
             .map_err(|e| anyhow::anyhow!("aborting the dedupe transaction failed: {e}"))?;
             self.txn_open = false;
@@ -715,6 +731,7 @@ fn run_blocking(
     produce_errors: ProduceErrors,
     probe: StageProbe,
     stop: Arc<AtomicBool>,
+    watchdog: Watchdog,
 ) -> anyhow::Result<()> {
     let topics = Topics::new(&config.topics.prefix);
     let mut pcfg = producer_config(&config);
@@ -725,14 +742,14 @@ fn run_blocking(
     let producer: ThreadedProducer<rdkafka::producer::DefaultProducerContext> = pcfg
         .create()
         .context("creating the transactional producer")?;
-    let watchdog = Arc::new(AtomicI64::new(0));
-    spawn_watchdog(watchdog.clone(), stop.clone());
-    watchdog.store(hookline_common::delivery::now_ms(), Ordering::Relaxed);
+    // Armed per call: the retries of a broker that is still starting may take longer than the
+    // deadline in total, but no single call may.
     retry_transient("initialising transactions", || {
-        producer.init_transactions(TXN_CALL_TIMEOUT)
+        watchdog.guard("init_transactions", || {
+            producer.init_transactions(TXN_CALL_TIMEOUT)
+        })
     })
     .context("initialising transactions (does the broker allow them? transaction.state.log.replication.factor)")?;
-    watchdog.store(0, Ordering::Relaxed);
 
     let (restore_tx, restore_rx) = mpsc::channel();
     let core = Arc::new(Mutex::new(Core {
@@ -831,37 +848,17 @@ fn run_blocking(
         lock(&core).abort_on_error_exit();
     }
     // Leave the group cleanly; the revoke callback finds nothing left to commit (after an error,
-    // it may not commit at all).
-    consumer.unsubscribe();
-    drop(consumer);
+    // it may not commit at all). With the cluster unreachable the close can block for good:
+    // bounded, on a thread of its own.
+    hookline_common::closing::close_blocking("the stage B consumer", move || {
+        consumer.unsubscribe();
+        drop(consumer);
+    });
     stop.store(true, Ordering::Relaxed);
     if result.is_ok() {
         tracing::info!("dedupe stage stopped");
     }
     result
-}
-
-/// Exits the process when a transactional call hangs past [`WATCHDOG_DEADLINE`].
-fn spawn_watchdog(armed_at: Arc<AtomicI64>, stop: Arc<AtomicBool>) {
-    let _ = std::thread::Builder::new()
-        .name("dedupe-watchdog".into())
-        .spawn(move || {
-            while !stop.load(Ordering::Relaxed) {
-                std::thread::sleep(Duration::from_millis(500));
-                let since = armed_at.load(Ordering::Relaxed);
-                if since > 0
-                    && hookline_common::delivery::now_ms() - since
-                        > WATCHDOG_DEADLINE.as_millis() as i64
-                {
-                    tracing::error!(
-                        deadline = ?WATCHDOG_DEADLINE,
-                        "a Kafka transactional call hung past its deadline; exiting so the orchestrator restarts the deduper"
-                    );
-                    eprintln!("hookline: dedupe transaction watchdog fired; exiting");
-                    std::process::exit(70);
-                }
-            }
-        });
 }
 
 /// Rebuilds the seen-set of `partition` from the changelog. See the module docs for why reading

@@ -12,6 +12,7 @@ pub mod dedupe;
 pub mod metrics;
 pub mod seen;
 pub mod validate;
+pub mod watchdog;
 
 use std::sync::Arc;
 

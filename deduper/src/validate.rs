@@ -196,38 +196,25 @@ pub async fn run(
     while let Some((partition, offset, result)) = pending.next().await {
         stopped |= finish(&consumer, &events_topic, partition, offset, result, stopped)?;
     }
-    match consumer.commit_consumer_state(CommitMode::Sync) {
-        Ok(())
-        | Err(rdkafka::error::KafkaError::ConsumerCommit(
-            rdkafka::types::RDKafkaErrorCode::NoOffset,
-        )) => {}
-        Err(e) => {
-            tracing::warn!(error = %e, "final offset commit failed; the tail will be re-validated")
+    // The final commit, the flush and the close block their thread (the close can block for
+    // good with the cluster unreachable): bounded, off the runtime.
+    hookline_common::closing::close("the events consumer", move || {
+        match consumer.commit_consumer_state(CommitMode::Sync) {
+            Ok(())
+            | Err(rdkafka::error::KafkaError::ConsumerCommit(
+                rdkafka::types::RDKafkaErrorCode::NoOffset,
+            )) => {}
+            Err(e) => {
+                tracing::warn!(error = %e, "final offset commit failed; the tail will be re-validated")
+            }
         }
-    }
-    let _ = producer.flush(Timeout::After(Duration::from_secs(10)));
-    // Dropping the consumer closes it (leaves the group); with the cluster unreachable
-    // librdkafka's close can block indefinitely (rust-rdkafka #453). Close it on a thread of its
-    // own and wait a bounded time, so a stop never hangs the runtime.
-    let (closed_tx, closed_rx) = tokio::sync::oneshot::channel();
-    let closing = std::thread::Builder::new()
-        .name("events-consumer-close".into())
-        .spawn(move || {
-            drop(consumer);
-            let _ = closed_tx.send(());
-        });
-    if closing.is_ok() && tokio::time::timeout(CLOSE_WAIT, closed_rx).await.is_err() {
-        tracing::warn!(
-            wait = ?CLOSE_WAIT,
-            "closing the events consumer did not finish in time (cluster unreachable?); leaving it"
-        );
-    }
+        let _ = producer.flush(Timeout::After(Duration::from_secs(5)));
+        drop(consumer);
+    })
+    .await;
     tracing::info!("validation stage stopped");
     Ok(())
 }
-
-/// Longest a stop waits for the events consumer to close.
-const CLOSE_WAIT: Duration = Duration::from_secs(10);
 
 /// The quarantine record of an input: whole with the reason, or, when the input is too large
 /// to be written whole, the bounded `record_too_large` record.

@@ -124,9 +124,6 @@ const STALL_BUDGET: Duration = Duration::from_millis(100);
 /// queued behind a full partition's batch in librdkafka's single consumer queue.
 const RECENTLY_ACTIVE: Duration = Duration::from_secs(2);
 
-/// Longest the final close of the Kafka clients may take before the stage returns anyway.
-const CLOSE_TIMEOUT: Duration = Duration::from_secs(15);
-
 /// Runs the dispatcher until shutdown. Returns an error (process exits non-zero) only on a fatal
 /// produce error (fenced, not authorised, topic gone): no offset is ever stored past that event.
 /// A hand-off that can never be written as planned is rerouted (`handoff_write`), never fatal.
@@ -319,17 +316,7 @@ async fn drain(
             );
         }
     }
-    let consumer = d.clone();
-    let committed = tokio::task::spawn_blocking(move || {
-        consumer.consumer.commit_consumer_state(CommitMode::Sync)
-    })
-    .await
-    .context("the final commit task failed")?;
-    match committed {
-        Ok(()) => info!("offsets committed"),
-        Err(e) if is_no_offset(&e) => debug!("nothing new to commit"),
-        Err(e) => warn!(error = %e, "final offset commit failed; auto-commit retries on close"),
-    }
+    // The final commit happens in `close`, off the runtime and bounded.
     Ok(())
 }
 
@@ -361,19 +348,25 @@ fn reap(joined: Result<(), tokio::task::JoinError>) -> anyhow::Result<()> {
     }
 }
 
-/// Flushes the producer and closes the consumer on a blocking thread, bounded in time.
-async fn close(dispatcher: Arc<Dispatcher>, flush: bool) {
-    let closing = tokio::task::spawn_blocking(move || {
-        if flush {
+/// The final offset commit (after a clean drain), the producer flush and the consumer close, on a
+/// thread of their own and bounded in time.
+async fn close(dispatcher: Arc<Dispatcher>, clean: bool) {
+    hookline_common::closing::close("the dispatcher's consumer and producer", move || {
+        if clean {
+            match dispatcher.consumer.commit_consumer_state(CommitMode::Sync) {
+                Ok(()) => info!("offsets committed"),
+                Err(e) if is_no_offset(&e) => debug!("nothing new to commit"),
+                Err(e) => {
+                    warn!(error = %e, "final offset commit failed; auto-commit retries on close")
+                }
+            }
             let _ = dispatcher
                 .producer
                 .flush(Timeout::After(Duration::from_secs(5)));
         }
         drop(dispatcher);
-    });
-    if tokio::time::timeout(CLOSE_TIMEOUT, closing).await.is_err() {
-        warn!("closing the Kafka clients is taking too long; leaving it behind");
-    }
+    })
+    .await;
 }
 
 fn is_no_offset(e: &KafkaError) -> bool {

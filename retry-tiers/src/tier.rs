@@ -319,9 +319,10 @@ pub(crate) async fn run(
     worker.metrics.paused.set(0);
     let tier = worker.tier.name.clone();
     let consumer = worker.consumer;
-    // A sync commit and the consumer's close block their thread: not on the async runtime.
+    // A sync commit and the consumer's close block their thread (the close can block for good
+    // with the cluster unreachable): bounded, off the runtime.
     let tier_name = tier.clone();
-    let closed = tokio::task::spawn_blocking(move || {
+    hookline_common::closing::close("a tier consumer", move || {
         match consumer.commit_consumer_state(CommitMode::Sync) {
             Ok(()) => {}
             Err(KafkaError::ConsumerCommit(rdkafka::types::RDKafkaErrorCode::NoOffset)) => {}
@@ -334,9 +335,6 @@ pub(crate) async fn run(
         drop(consumer);
     })
     .await;
-    if let Err(e) = closed {
-        tracing::warn!(tier = %tier, error = %e, "closing the tier consumer failed");
-    }
     tracing::info!(tier = %tier, "retry tier stopped");
     result.with_context(|| format!("retry tier {tier}"))
 }
