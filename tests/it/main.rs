@@ -8,6 +8,7 @@ mod deploy;
 mod dispatcher;
 mod hardening;
 mod harness;
+mod ingest;
 mod isolation;
 mod oversize;
 mod pipeline;
