@@ -48,6 +48,11 @@ impl Topics {
     pub fn replays(&self) -> String {
         format!("{}.replays", self.prefix)
     }
+    /// REST ingest's claims of `Idempotency-Key`s: the first claim of a key within the dedupe
+    /// window says which request body the key belongs to.
+    pub fn idempotency(&self) -> String {
+        format!("{}.idempotency", self.prefix)
+    }
 }
 
 /// What one topic should look like.
@@ -150,6 +155,13 @@ pub fn plan(config: &Config) -> Vec<TopicSpec> {
         .configs
         .insert("cleanup.policy".to_string(), "compact".to_string());
     out.push(replays);
+    // Deleted by time, never compacted: compaction keeps a key's last claim, and the first one
+    // is the one that counts.
+    out.push(spec(
+        t.idempotency(),
+        "ingest: claims of Idempotency-Keys, the first per key wins (dedupe window + margin)",
+        Some(config.dedupe.window + config.topics.dedupe_state_retention_margin),
+    ));
     out
 }
 
@@ -305,7 +317,8 @@ mod tests {
                 "p.retry.6h",
                 "p.retry.24h",
                 "p.dlq",
-                "p.replays"
+                "p.replays",
+                "p.idempotency"
             ]
         );
         let specs = plan(&c);

@@ -3,6 +3,7 @@
 //! - [`body`]: complete the body into an input envelope (server-assigned `id`, the token's
 //!   `tenant`) and validate it with stage A's rules, naming the bad field.
 //! - [`id`]: event ids — derived from (tenant, `Idempotency-Key`), or random.
+//! - [`claims`]: whether a reused `Idempotency-Key` comes with the body it was first used with.
 //!
 //! [`Ingest::publish`] answers only once Kafka acknowledged the record (`acks=all`, idempotent
 //! producer): accepted means it is on `<p>.events`. A record is one write, so nothing is ever
@@ -10,6 +11,7 @@
 //! a retry with the same `Idempotency-Key` cannot create a second event (see [`id`]).
 
 pub mod body;
+pub mod claims;
 pub mod id;
 
 use std::time::{Duration, Instant};
@@ -25,6 +27,7 @@ use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::util::Timeout;
 
 use crate::body::{BadBody, TenantField};
+use crate::claims::{Claims, Verdict};
 
 /// How long a publish waits for Kafka's acknowledgement before answering 503.
 pub const PRODUCE_TIMEOUT: Duration = Duration::from_secs(5);
@@ -56,6 +59,8 @@ pub enum Rejected {
     Forbidden { message: String },
     /// 413: over `input.max_payload_bytes`.
     TooLarge { message: String },
+    /// 422: the `Idempotency-Key` was first used with another body.
+    KeyReused { message: String },
     /// 503: Kafka did not acknowledge in time; retry after `retry_after` (with the same
     /// `Idempotency-Key`).
     Unavailable {
@@ -70,6 +75,7 @@ impl Rejected {
             Rejected::BadRequest { .. } => 400,
             Rejected::Forbidden { .. } => 403,
             Rejected::TooLarge { .. } => 413,
+            Rejected::KeyReused { .. } => 422,
             Rejected::Unavailable { .. } => 503,
         }
     }
@@ -80,6 +86,7 @@ impl Rejected {
             Rejected::BadRequest { .. } => "invalid_field",
             Rejected::Forbidden { .. } => "forbidden",
             Rejected::TooLarge { .. } => "payload_too_large",
+            Rejected::KeyReused { .. } => "idempotency_key_reused",
             Rejected::Unavailable { .. } => "kafka_unavailable",
         }
     }
@@ -96,6 +103,7 @@ impl Rejected {
             Rejected::BadRequest { message, .. }
             | Rejected::Forbidden { message }
             | Rejected::TooLarge { message }
+            | Rejected::KeyReused { message }
             | Rejected::Unavailable { message, .. } => message,
         }
     }
@@ -105,6 +113,7 @@ impl Rejected {
             Rejected::BadRequest { .. } => "invalid",
             Rejected::Forbidden { .. } => "forbidden",
             Rejected::TooLarge { .. } => "too_large",
+            Rejected::KeyReused { .. } => "key_reused",
             Rejected::Unavailable { .. } => "unavailable",
         }
     }
@@ -129,12 +138,21 @@ pub struct Ingest {
     topic: String,
     validator: Validator,
     max_body: usize,
+    window: Duration,
+    claims: Claims,
     requests: IntCounterVec,
     produce_seconds: HistogramVec,
 }
 
 impl Ingest {
-    pub fn new(config: &Config, registry: &Registry) -> anyhow::Result<Ingest> {
+    /// Connects and reads the window's idempotency claims (see [`claims`]); `claims_cap` bounds
+    /// the keys held ([`claims::DEFAULT_CAP`]).
+    pub async fn start(
+        config: &Config,
+        registry: &Registry,
+        claims_cap: usize,
+    ) -> anyhow::Result<Ingest> {
+        let claims = Claims::start(config, claims_cap, registry).await?;
         let producer: FutureProducer = producer_config(config)
             .set(
                 "message.timeout.ms",
@@ -166,6 +184,8 @@ impl Ingest {
             topic: Topics::new(&config.topics.prefix).events(),
             validator: Validator::new(&config.input, &config.dedupe.keys),
             max_body: config.input.max_payload_bytes,
+            window: config.dedupe.window,
+            claims,
             requests,
             produce_seconds,
         })
@@ -227,6 +247,29 @@ impl Ingest {
         let spliced: Vec<(&str, &str)> = fields.iter().map(|(k, v)| (*k, v.as_str())).collect();
         let envelope = body::splice(request.body, &spliced);
         let valid = body::validate(&self.validator, &envelope)?;
+        if let Some(key) = request.idempotency_key {
+            let fingerprint = claims::fingerprint(request.body);
+            match self.claims.claim(tenant.as_deref(), key, fingerprint).await {
+                Ok(Verdict::Same) => {}
+                Ok(Verdict::Reused) => {
+                    return Err(Rejected::KeyReused {
+                        message: format!(
+                            "the Idempotency-Key `{key}` was already used with a different body \
+                             within the last {:?}; use a new key for a new event",
+                            self.window
+                        ),
+                    })
+                }
+                Err(e) => {
+                    return Err(Rejected::Unavailable {
+                        message: format!("{e}; retry with the same Idempotency-Key"),
+                        retry_after: RETRY_AFTER,
+                    })
+                }
+            }
+        }
+        // Written even when the key was seen before: the first request may have died between
+        // its claim and its event. The deduper lets one through.
         self.produce(&valid.id, &envelope).await?;
         Ok(Accepted {
             id: valid.id,

@@ -10,6 +10,12 @@ use hookline_ingest::{Ingest, Publish, Rejected};
 use crate::harness::*;
 use crate::receiver::Receiver;
 
+async fn start_ingest(config: &hookline_common::config::Config) -> Ingest {
+    Ingest::start(config, &prometheus::Registry::new(), 1000)
+        .await
+        .expect("ingest starts")
+}
+
 async fn publish(
     ingest: &Ingest,
     scope: Option<&str>,
@@ -44,7 +50,7 @@ async fn one_idempotency_key_is_one_event_and_one_delivery_across_requests_and_r
     let stages = [start_deduper(&config), start_dispatcher(&config)];
 
     // 50 concurrent requests with one key, from a tenant token.
-    let ingest = Arc::new(Ingest::new(&config, &prometheus::Registry::new()).expect("ingest"));
+    let ingest = Arc::new(start_ingest(&config).await);
     let body = r#"{"type":"order.paid","data":{"order":42}}"#;
     let mut tasks = tokio::task::JoinSet::new();
     for _ in 0..50 {
@@ -60,7 +66,7 @@ async fn one_idempotency_key_is_one_event_and_one_delivery_across_requests_and_r
 
     // A new ingest (a restarted process: nothing remembered) answers the same id.
     drop(ingest);
-    let restarted = Ingest::new(&config, &prometheus::Registry::new()).expect("ingest");
+    let restarted = start_ingest(&config).await;
     let again = publish(&restarted, Some("acme"), Some("order-42"), body).await;
     assert_eq!(again.as_deref(), Ok(id.as_str()));
     // Another tenant with the same key is its own event (admin token naming the tenant).
@@ -98,7 +104,7 @@ async fn bad_requests_are_refused_naming_the_field_and_nothing_is_written() {
     let prefix = unique_prefix("ingest-bad");
     let config = test_config(&prefix, "[input]\nmax_payload_bytes = 1024\n");
     apply_topics(&config).await;
-    let ingest = Ingest::new(&config, &prometheus::Registry::new()).expect("ingest");
+    let ingest = start_ingest(&config).await;
     let refused = |r: Result<String, Rejected>| r.expect_err("refused");
 
     let r = refused(publish(&ingest, None, None, r#"{"data":{}}"#).await);
@@ -153,21 +159,100 @@ async fn bad_requests_are_refused_naming_the_field_and_nothing_is_written() {
     );
 }
 
+/// Its own broker, stopped under a running ingest: every request is a 503 to retry, answered
+/// within the produce timeout, never a hang.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_unreachable_kafka_is_a_503_to_retry() {
-    let mut config = test_config(&unique_prefix("ingest-down"), "");
-    // Nothing listens there.
-    config.kafka.bootstrap_servers = "127.0.0.1:1".into();
-    let ingest = Ingest::new(&config, &prometheus::Registry::new()).expect("ingest");
-    let started = std::time::Instant::now();
-    let r = publish(&ingest, None, Some("k1"), r#"{"type":"x"}"#)
+async fn kafka_going_away_is_a_503_to_retry() {
+    let broker = crate::resilience::DedicatedBroker::start_new("ingest-down");
+    let config =
+        crate::resilience::dedicated_config(&broker.bootstrap(), &unique_prefix("ingest-down"));
+    apply_topics(&config).await;
+    let ingest = start_ingest(&config).await;
+    publish(&ingest, None, Some("k0"), r#"{"type":"x"}"#)
         .await
-        .expect_err("no broker");
-    assert_eq!(r.status(), 503, "{r:?}");
-    assert!(matches!(r, Rejected::Unavailable { .. }));
-    assert!(
-        started.elapsed() < Duration::from_secs(20),
-        "answered within the produce timeout, not hung: {:?}",
-        started.elapsed()
+        .expect("accepted while the broker runs");
+    broker.run("stop");
+    for key in [None, Some("k1")] {
+        let started = std::time::Instant::now();
+        let r = publish(&ingest, None, key, r#"{"type":"x"}"#)
+            .await
+            .expect_err("no broker");
+        assert_eq!((r.status(), r.code()), (503, "kafka_unavailable"), "{r:?}");
+        assert!(
+            matches!(r, Rejected::Unavailable { retry_after, .. } if retry_after > Duration::ZERO)
+        );
+        assert!(
+            started.elapsed() < Duration::from_secs(15),
+            "answered within the produce timeout, not hung: {:?}",
+            started.elapsed()
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_reused_with_another_body_is_refused_on_every_process_and_after_restarts() {
+    require_kafka();
+    let prefix = unique_prefix("ingest-reuse");
+    let config = test_config(&prefix, "");
+    apply_topics(&config).await;
+    // Two processes' ingests, racing 20 requests each with one key and two different bodies.
+    let a = Arc::new(start_ingest(&config).await);
+    let b = Arc::new(start_ingest(&config).await);
+    let bodies = [
+        r#"{"type":"x","data":{"n":1}}"#,
+        r#"{"type":"x","data":{"n":2}}"#,
+    ];
+    let mut tasks = tokio::task::JoinSet::new();
+    for i in 0..40 {
+        let ingest = if i % 2 == 0 { a.clone() } else { b.clone() };
+        let body = bodies[(i / 2) % 2];
+        tasks.spawn(async move {
+            (
+                body,
+                publish(&ingest, Some("acme"), Some("k-1"), body).await,
+            )
+        });
+    }
+    let mut accepted = std::collections::BTreeSet::new();
+    let mut ids = std::collections::BTreeSet::new();
+    let mut reused = 0;
+    while let Some(r) = tasks.join_next().await {
+        match r.expect("task") {
+            (body, Ok(id)) => {
+                accepted.insert(body);
+                ids.insert(id);
+            }
+            (_, Err(Rejected::KeyReused { .. })) => reused += 1,
+            (_, Err(e)) => panic!("unexpected refusal: {e:?}"),
+        }
+    }
+    assert_eq!(
+        accepted.len(),
+        1,
+        "one body owns the key on both processes: {accepted:?}"
     );
+    assert_eq!(ids.len(), 1);
+    assert_eq!(reused, 20, "every request with the other body is refused");
+    let owner = *accepted.iter().next().unwrap();
+    let other = bodies.iter().find(|b| **b != owner).unwrap();
+
+    // A process started later reads the claims: same answers, and another tenant is free.
+    drop((a, b));
+    let c = start_ingest(&config).await;
+    let r = publish(&c, Some("acme"), Some("k-1"), other)
+        .await
+        .expect_err("reused");
+    assert_eq!(
+        (r.status(), r.code()),
+        (422, "idempotency_key_reused"),
+        "{r:?}"
+    );
+    assert!(r.message().contains("k-1"), "{r:?}");
+    assert_eq!(
+        publish(&c, Some("acme"), Some("k-1"), owner).await.ok(),
+        ids.into_iter().next()
+    );
+    assert!(publish(&c, Some("globex"), Some("k-1"), other)
+        .await
+        .is_ok());
 }

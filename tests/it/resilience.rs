@@ -266,14 +266,14 @@ async fn readyz_means_assigned_and_restored_and_healthz_that_loops_turn() {
 
 /// A broker of this test's own, on free ports, bounced by the project's script. Never the shared
 /// broker: other tests run against it in parallel.
-struct DedicatedBroker {
+pub(crate) struct DedicatedBroker {
     port: u16,
     controller_port: u16,
     data_dir: PathBuf,
 }
 
 impl DedicatedBroker {
-    fn start_new(name: &str) -> Self {
+    pub(crate) fn start_new(name: &str) -> Self {
         let free_port = || {
             std::net::TcpListener::bind("127.0.0.1:0")
                 .and_then(|l| l.local_addr())
@@ -294,11 +294,11 @@ impl DedicatedBroker {
         broker
     }
 
-    fn bootstrap(&self) -> String {
+    pub(crate) fn bootstrap(&self) -> String {
         format!("127.0.0.1:{}", self.port)
     }
 
-    fn run(&self, command: &str) {
+    pub(crate) fn run(&self, command: &str) {
         let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("deploy/local/kafka");
         let out = Command::new(script)
             .arg(command)
@@ -325,7 +325,7 @@ impl Drop for DedicatedBroker {
     }
 }
 
-fn dedicated_config(bootstrap: &str, prefix: &str) -> Config {
+pub(crate) fn dedicated_config(bootstrap: &str, prefix: &str) -> Config {
     let text = format!(
         "[kafka]\nbootstrap_servers = \"{bootstrap}\"\n[topics]\nprefix = \"{prefix}\"\npartitions = 3\n\
          [server]\nlisten = \"127.0.0.1:0\"\n"
