@@ -12,6 +12,7 @@
 
 pub mod body;
 pub mod claims;
+pub mod http;
 pub mod id;
 
 use std::time::{Duration, Instant};
