@@ -1,0 +1,206 @@
+//! What the dashboard shows, and the one trait the admin process implements to supply it.
+//!
+//! The dashboard renders; it reads nothing from Kafka itself. The admin process implements
+//! [`Backend`] over the same calls its JSON API makes (endpoint registry, health from the
+//! delivery log, dead letters, replay), so a page and an API call always agree, and tenant
+//! scoping is applied in one place.
+
+use std::future::Future;
+
+use serde::Deserialize;
+
+/// Who is looking: an admin sees every tenant, a tenant token only its own.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Scope {
+    Admin,
+    Tenant(String),
+}
+
+impl Scope {
+    pub fn tenant(&self) -> Option<&str> {
+        match self {
+            Scope::Admin => None,
+            Scope::Tenant(t) => Some(t),
+        }
+    }
+}
+
+/// One endpoint in the list.
+#[derive(Debug, Clone, Default)]
+pub struct EndpointRow {
+    pub id: String,
+    pub url: String,
+    pub tenant: Option<String>,
+    pub event_types: Vec<String>,
+    pub enabled: bool,
+    pub health: Health,
+    /// Deliveries to this endpoint that are dead (in the DLQ, not replayed successfully).
+    pub dead: u64,
+}
+
+/// An endpoint's recent health, from the delivery log.
+#[derive(Debug, Clone, Default)]
+pub struct Health {
+    /// Share of attempts in the last hour that were delivered, if any were made.
+    pub success_rate: Option<f64>,
+    pub attempts_last_hour: u64,
+    /// `200`, `503`, `timeout`, … of the newest attempt.
+    pub last_status: Option<String>,
+    pub last_error: Option<String>,
+    /// RFC 3339.
+    pub last_attempt_at: Option<String>,
+    pub consecutive_failures: u64,
+    /// RFC 3339: when the current run of failures began.
+    pub failing_since: Option<String>,
+    /// RFC 3339: the oldest retry still waiting in a tier.
+    pub oldest_pending_retry: Option<String>,
+}
+
+/// One attempt from the delivery log.
+#[derive(Debug, Clone, Default)]
+pub struct AttemptRow {
+    /// RFC 3339.
+    pub at: String,
+    pub event_id: String,
+    pub endpoint: String,
+    pub attempt: u32,
+    /// `dispatcher`, `retry.5m`, `replay`, …
+    pub stage: String,
+    /// `delivered` or `failed`.
+    pub outcome: String,
+    /// HTTP status or failure class.
+    pub status: String,
+    pub duration_ms: u64,
+    /// Where the delivery went next: `done`, a tier, `dlq`.
+    pub next: String,
+}
+
+/// One dead letter.
+#[derive(Debug, Clone, Default)]
+pub struct DeadRow {
+    /// `partition-offset` on the DLQ, the id used in URLs and replays.
+    pub position: String,
+    /// RFC 3339.
+    pub dead_at: String,
+    pub endpoint: String,
+    pub event_id: String,
+    pub event_type: String,
+    pub tenant: Option<String>,
+    pub reason: String,
+    pub attempts: u32,
+    pub last_error: String,
+    /// Set once replayed: the outcome (`delivered`, `failed`).
+    pub replayed: Option<String>,
+}
+
+/// One dead letter with its history.
+#[derive(Debug, Clone, Default)]
+pub struct DeadDetail {
+    pub row: DeadRow,
+    /// Every attempt the delivery record carries, oldest first.
+    pub history: Vec<AttemptRow>,
+    /// The start of the event body (bounded), for recognising it.
+    pub body_preview: String,
+}
+
+/// Filters of the dead-letter list (also the "replay all matching" selection).
+#[derive(Debug, Clone, Default, Deserialize, PartialEq, Eq)]
+pub struct DeadFilter {
+    #[serde(default)]
+    pub endpoint: Option<String>,
+    #[serde(default, rename = "type")]
+    pub event_type: Option<String>,
+    #[serde(default)]
+    pub tenant: Option<String>,
+    #[serde(default)]
+    pub cursor: Option<String>,
+}
+
+impl DeadFilter {
+    /// Empty strings (an untouched form field) mean "no filter".
+    pub fn normalized(mut self) -> DeadFilter {
+        for f in [
+            &mut self.endpoint,
+            &mut self.event_type,
+            &mut self.tenant,
+            &mut self.cursor,
+        ] {
+            if f.as_deref().is_some_and(|v| v.trim().is_empty()) {
+                *f = None;
+            }
+        }
+        self
+    }
+}
+
+/// A page of dead letters.
+#[derive(Debug, Clone, Default)]
+pub struct DeadPage {
+    pub rows: Vec<DeadRow>,
+    pub next_cursor: Option<String>,
+}
+
+/// What a Replay did.
+#[derive(Debug, Clone, Default)]
+pub struct ReplayOutcome {
+    pub selected: u64,
+    pub delivered: u64,
+    pub failed: u64,
+    pub already_replayed: u64,
+    pub skipped: u64,
+    /// One line per record, as the CLI prints them.
+    pub lines: Vec<String>,
+}
+
+/// The live counters at the top of every page.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct Counters {
+    pub delivered_last_5m: u64,
+    pub failed_last_5m: u64,
+    pub pending_retries: u64,
+    pub dead: u64,
+}
+
+/// A dashboard error: shown on the page, never a stack trace.
+#[derive(Debug, Clone)]
+pub enum Problem {
+    /// Not there — or not this tenant's (never say which).
+    NotFound,
+    BadInput(String),
+    Unavailable(String),
+}
+
+/// What the admin process supplies. Every call is scoped: a tenant scope sees and changes only
+/// its tenant's endpoints and dead letters; another tenant's resource is `NotFound`.
+pub trait Backend: Send + Sync + 'static {
+    /// The scope of a bearer token, or `None` if it is not a valid token.
+    fn authenticate(&self, token: &str) -> Option<Scope>;
+    fn endpoints(
+        &self,
+        scope: &Scope,
+    ) -> impl Future<Output = Result<Vec<EndpointRow>, Problem>> + Send;
+    fn endpoint(
+        &self,
+        scope: &Scope,
+        id: &str,
+    ) -> impl Future<Output = Result<(EndpointRow, Vec<AttemptRow>), Problem>> + Send;
+    fn dead(
+        &self,
+        scope: &Scope,
+        filter: &DeadFilter,
+    ) -> impl Future<Output = Result<DeadPage, Problem>> + Send;
+    fn dead_one(
+        &self,
+        scope: &Scope,
+        position: &str,
+    ) -> impl Future<Output = Result<DeadDetail, Problem>> + Send;
+    /// Replays one dead letter (`Some(position)`) or every one matching `filter`, with the
+    /// CLI's idempotency: a dead letter already replayed is not sent again.
+    fn replay(
+        &self,
+        scope: &Scope,
+        position: Option<&str>,
+        filter: &DeadFilter,
+    ) -> impl Future<Output = Result<ReplayOutcome, Problem>> + Send;
+    fn counters(&self, scope: &Scope) -> impl Future<Output = Result<Counters, Problem>> + Send;
+}

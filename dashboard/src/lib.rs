@@ -1,0 +1,387 @@
+//! hookline's operator dashboard: server-rendered pages over the admin process's own calls.
+//!
+//! - `data.rs`  — what a page shows, and the [`Backend`] trait the admin process implements
+//!   (tenant scoping lives there, once, for the JSON API and the pages alike);
+//! - `views.rs` — the maud templates (every interpolation escaped);
+//! - this file — the routes: token login into an `HttpOnly; SameSite=Strict` cookie, a CSRF
+//!   field on every form that changes something, and the pages.
+//!
+//! Routes: `GET /` (endpoints with health and dead-delivery warnings), `GET /ui/endpoints/{id}`
+//! (recent attempts), `GET /ui/dead` (filters, cursor), `GET /ui/dead/{position}` (history),
+//! `POST /ui/dead/{position}/replay`, `POST /ui/dead/replay` (all matching the filter),
+//! `GET /ui/counters.json` (live counters), `GET|POST /ui/login`, `POST /ui/logout`.
+
+pub mod data;
+pub mod views;
+
+use std::sync::Arc;
+
+use axum::extract::{Form, Path, Query, State};
+use axum::http::header::{CACHE_CONTROL, CONTENT_TYPE, COOKIE, LOCATION, SET_COOKIE};
+use axum::http::{HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use maud::Markup;
+use serde::Deserialize;
+use sha2::{Digest, Sha256};
+
+pub use data::{
+    AttemptRow, Backend, Counters, DeadDetail, DeadFilter, DeadPage, DeadRow, EndpointRow, Health,
+    Problem, ReplayOutcome, Scope,
+};
+
+/// The session cookie: the token itself, readable by no script (`HttpOnly`) and sent by no other
+/// site (`SameSite=Strict`).
+pub const COOKIE_NAME: &str = "hookline_session";
+
+/// The dashboard's routes; merge them into the admin router.
+pub fn router<B: Backend>(backend: Arc<B>) -> Router {
+    Router::new()
+        .route("/", get(endpoints_page::<B>))
+        .route("/ui/login", get(login_page).post(login::<B>))
+        .route("/ui/logout", post(logout::<B>))
+        .route("/ui/endpoints/{id}", get(endpoint_page::<B>))
+        .route("/ui/dead", get(dead_page::<B>))
+        .route("/ui/dead/replay", post(replay_matching::<B>))
+        .route("/ui/dead/{position}", get(dead_one_page::<B>))
+        .route("/ui/dead/{position}/replay", post(replay_one::<B>))
+        .route("/ui/counters.json", get(counters::<B>))
+        .with_state(backend)
+}
+
+/// The CSRF value of a session: derived from its token, so no server state is needed, and
+/// unknowable to a page that cannot read the cookie.
+pub fn csrf_of(token: &str) -> String {
+    let digest = Sha256::digest(format!("hookline-dashboard-csrf:{token}").as_bytes());
+    digest.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// A signed-in request: its token and scope.
+struct Session {
+    token: String,
+    scope: Scope,
+}
+
+impl Session {
+    fn csrf(&self) -> String {
+        csrf_of(&self.token)
+    }
+
+    /// Checks a form's CSRF field (constant-time enough: both are hex digests of fixed length).
+    fn check(&self, csrf: &str) -> Result<(), Denied> {
+        let expected = self.csrf();
+        let same = expected.len() == csrf.len()
+            && expected
+                .bytes()
+                .zip(csrf.bytes())
+                .fold(0u8, |acc, (a, b)| acc | (a ^ b))
+                == 0;
+        if same {
+            Ok(())
+        } else {
+            Err(Denied::StaleForm)
+        }
+    }
+}
+
+fn cookie_token(headers: &HeaderMap) -> Option<String> {
+    headers
+        .get_all(COOKIE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(';'))
+        .filter_map(|pair| pair.trim().split_once('='))
+        .find(|(name, _)| *name == COOKIE_NAME)
+        .map(|(_, value)| value.to_string())
+        .filter(|v| !v.is_empty())
+}
+
+/// Why a request does not reach its page.
+enum Denied {
+    /// No session or a token no longer valid: to the login page.
+    SignedOut,
+    /// A changing form whose CSRF field does not match the session.
+    StaleForm,
+}
+
+impl IntoResponse for Denied {
+    fn into_response(self) -> Response {
+        match self {
+            Denied::SignedOut => (StatusCode::SEE_OTHER, [(LOCATION, "/ui/login")]).into_response(),
+            Denied::StaleForm => page_error(
+                StatusCode::FORBIDDEN,
+                "This form is stale or did not come from the dashboard; reload the page and try again.",
+            ),
+        }
+    }
+}
+
+/// The session of a request.
+fn session<B: Backend>(backend: &B, headers: &HeaderMap) -> Result<Session, Denied> {
+    let token = cookie_token(headers).ok_or(Denied::SignedOut)?;
+    let scope = backend.authenticate(&token).ok_or(Denied::SignedOut)?;
+    Ok(Session { token, scope })
+}
+
+fn html(status: StatusCode, markup: Markup) -> Response {
+    (
+        status,
+        [
+            (
+                CONTENT_TYPE,
+                HeaderValue::from_static("text/html; charset=utf-8"),
+            ),
+            (CACHE_CONTROL, HeaderValue::from_static("no-store")),
+        ],
+        markup.into_string(),
+    )
+        .into_response()
+}
+
+fn page_error(status: StatusCode, message: &str) -> Response {
+    html(status, views::problem(message))
+}
+
+fn problem(p: Problem) -> Response {
+    match p {
+        Problem::NotFound => page_error(
+            StatusCode::NOT_FOUND,
+            "There is no such item, or it belongs to another tenant.",
+        ),
+        Problem::BadInput(m) => page_error(StatusCode::BAD_REQUEST, &m),
+        Problem::Unavailable(m) => page_error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            &format!("Kafka did not answer in time ({m}); reload in a moment."),
+        ),
+    }
+}
+
+/// A full page in the layout, with fresh counters.
+async fn page<B: Backend>(backend: &B, s: &Session, title: &str, body: Markup) -> Response {
+    // Counters are decoration: a page still renders when they cannot be read.
+    let counters = backend.counters(&s.scope).await.unwrap_or_default();
+    html(
+        StatusCode::OK,
+        views::layout(title, &s.scope, &counters, &s.csrf(), body),
+    )
+}
+
+async fn login_page() -> Response {
+    html(StatusCode::OK, views::login(None))
+}
+
+#[derive(Deserialize)]
+struct LoginForm {
+    #[serde(default)]
+    token: String,
+}
+
+async fn login<B: Backend>(State(b): State<Arc<B>>, Form(form): Form<LoginForm>) -> Response {
+    let token = form.token.trim();
+    // A cookie value may not hold `;`, `,`, spaces or controls: no valid token does either.
+    let cookie_safe = token
+        .bytes()
+        .all(|c| c.is_ascii_graphic() && c != b';' && c != b',');
+    if token.is_empty() || !cookie_safe || b.authenticate(token).is_none() {
+        tracing::info!("dashboard sign-in refused");
+        return html(
+            StatusCode::UNAUTHORIZED,
+            views::login(Some("That token is not valid.")),
+        );
+    }
+    let cookie = format!("{COOKIE_NAME}={token}; Path=/; HttpOnly; SameSite=Strict");
+    let mut response = (StatusCode::SEE_OTHER, [(LOCATION, "/")]).into_response();
+    match HeaderValue::from_str(&cookie) {
+        Ok(v) => {
+            response.headers_mut().insert(SET_COOKIE, v);
+            response
+        }
+        Err(_) => html(
+            StatusCode::UNAUTHORIZED,
+            views::login(Some("That token is not valid.")),
+        ),
+    }
+}
+
+#[derive(Deserialize)]
+struct CsrfForm {
+    #[serde(default)]
+    csrf: String,
+}
+
+async fn logout<B: Backend>(
+    State(b): State<Arc<B>>,
+    headers: HeaderMap,
+    Form(form): Form<CsrfForm>,
+) -> Response {
+    if let Ok(s) = session(&*b, &headers) {
+        if let Err(d) = s.check(&form.csrf) {
+            return d.into_response();
+        }
+    }
+    let clear = format!("{COOKIE_NAME}=; Path=/; HttpOnly; SameSite=Strict; Max-Age=0");
+    (
+        StatusCode::SEE_OTHER,
+        [(LOCATION, "/ui/login".to_string()), (SET_COOKIE, clear)],
+    )
+        .into_response()
+}
+
+async fn endpoints_page<B: Backend>(State(b): State<Arc<B>>, headers: HeaderMap) -> Response {
+    let s = match session(&*b, &headers) {
+        Ok(s) => s,
+        Err(d) => return d.into_response(),
+    };
+    match b.endpoints(&s.scope).await {
+        Ok(rows) => page(&*b, &s, "Endpoints", views::endpoints(&rows)).await,
+        Err(p) => problem(p),
+    }
+}
+
+async fn endpoint_page<B: Backend>(
+    State(b): State<Arc<B>>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Response {
+    let s = match session(&*b, &headers) {
+        Ok(s) => s,
+        Err(d) => return d.into_response(),
+    };
+    match b.endpoint(&s.scope, &id).await {
+        Ok((row, attempts)) => page(&*b, &s, &row.id, views::endpoint(&row, &attempts)).await,
+        Err(p) => problem(p),
+    }
+}
+
+async fn dead_page<B: Backend>(
+    State(b): State<Arc<B>>,
+    headers: HeaderMap,
+    Query(filter): Query<DeadFilter>,
+) -> Response {
+    let s = match session(&*b, &headers) {
+        Ok(s) => s,
+        Err(d) => return d.into_response(),
+    };
+    let filter = filter.normalized();
+    match b.dead(&s.scope, &filter).await {
+        Ok(p) => {
+            let body = views::dead_list(&p, &filter, &s.csrf());
+            page(&*b, &s, "Dead deliveries", body).await
+        }
+        Err(p) => problem(p),
+    }
+}
+
+async fn dead_one_page<B: Backend>(
+    State(b): State<Arc<B>>,
+    headers: HeaderMap,
+    Path(position): Path<String>,
+) -> Response {
+    let s = match session(&*b, &headers) {
+        Ok(s) => s,
+        Err(d) => return d.into_response(),
+    };
+    match b.dead_one(&s.scope, &position).await {
+        Ok(d) => {
+            let body = views::dead_one(&d, &s.csrf());
+            page(&*b, &s, "Dead delivery", body).await
+        }
+        Err(p) => problem(p),
+    }
+}
+
+async fn replay_one<B: Backend>(
+    State(b): State<Arc<B>>,
+    headers: HeaderMap,
+    Path(position): Path<String>,
+    Form(form): Form<CsrfForm>,
+) -> Response {
+    let s = match session(&*b, &headers) {
+        Ok(s) => s,
+        Err(d) => return d.into_response(),
+    };
+    if let Err(d) = s.check(&form.csrf) {
+        return d.into_response();
+    }
+    let back = format!("/ui/dead/{}", views::urlencode(&position));
+    match b
+        .replay(&s.scope, Some(&position), &DeadFilter::default())
+        .await
+    {
+        Ok(o) => page(&*b, &s, "Replay", views::replayed(&o, &back)).await,
+        Err(p) => problem(p),
+    }
+}
+
+#[derive(Deserialize)]
+struct ReplayForm {
+    #[serde(default)]
+    csrf: String,
+    #[serde(default)]
+    endpoint: Option<String>,
+    #[serde(default, rename = "type")]
+    event_type: Option<String>,
+    #[serde(default)]
+    tenant: Option<String>,
+}
+
+async fn replay_matching<B: Backend>(
+    State(b): State<Arc<B>>,
+    headers: HeaderMap,
+    Form(form): Form<ReplayForm>,
+) -> Response {
+    let s = match session(&*b, &headers) {
+        Ok(s) => s,
+        Err(d) => return d.into_response(),
+    };
+    if let Err(d) = s.check(&form.csrf) {
+        return d.into_response();
+    }
+    let filter = DeadFilter {
+        endpoint: form.endpoint,
+        event_type: form.event_type,
+        tenant: form.tenant,
+        cursor: None,
+    }
+    .normalized();
+    match b.replay(&s.scope, None, &filter).await {
+        Ok(o) => page(&*b, &s, "Replay", views::replayed(&o, "/ui/dead")).await,
+        Err(p) => problem(p),
+    }
+}
+
+async fn counters<B: Backend>(State(b): State<Arc<B>>, headers: HeaderMap) -> Response {
+    let Some(scope) = cookie_token(&headers).and_then(|t| b.authenticate(&t)) else {
+        return StatusCode::UNAUTHORIZED.into_response();
+    };
+    match b.counters(&scope).await {
+        Ok(c) => ([(CACHE_CONTROL, "no-store")], Json(c)).into_response(),
+        Err(_) => StatusCode::SERVICE_UNAVAILABLE.into_response(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn csrf_is_stable_per_token_and_differs_between_tokens() {
+        assert_eq!(csrf_of("a"), csrf_of("a"));
+        assert_ne!(csrf_of("a"), csrf_of("b"));
+        assert_eq!(csrf_of("a").len(), 64);
+    }
+
+    #[test]
+    fn the_session_cookie_is_found_among_others() {
+        let mut h = HeaderMap::new();
+        h.append(
+            COOKIE,
+            HeaderValue::from_static("x=1; hookline_session=tok; y=2"),
+        );
+        assert_eq!(cookie_token(&h).as_deref(), Some("tok"));
+        let mut h = HeaderMap::new();
+        h.append(COOKIE, HeaderValue::from_static("hookline_session="));
+        assert_eq!(cookie_token(&h), None);
+    }
+}

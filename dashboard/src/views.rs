@@ -1,0 +1,361 @@
+//! The pages, as maud templates (every interpolation is HTML-escaped).
+
+use maud::{html, Markup, PreEscaped, DOCTYPE};
+
+use crate::data::{
+    AttemptRow, Counters, DeadDetail, DeadFilter, DeadPage, DeadRow, EndpointRow, ReplayOutcome,
+    Scope,
+};
+
+const CSS: &str = r#"
+body{font:14px/1.45 system-ui,sans-serif;margin:0;color:#1d2330;background:#f6f7f9}
+header{background:#1d2330;color:#fff;padding:10px 24px;display:flex;gap:24px;align-items:center}
+header a{color:#cfd6e4;text-decoration:none}header a.brand{color:#fff;font-weight:600}
+main{padding:20px 24px;max-width:1200px}
+table{border-collapse:collapse;width:100%;background:#fff}
+th,td{text-align:left;padding:6px 8px;border-bottom:1px solid #e3e6eb;vertical-align:top}
+th{font-weight:600;background:#eef0f4}
+.warn{background:#fff4e5;border:1px solid #f0b45a;padding:8px 12px;margin:8px 0;border-radius:4px}
+.bad{color:#b3261e}.ok{color:#1e7b34}.muted{color:#6b7280}
+.counters{display:flex;gap:16px;margin:0 0 16px}
+.counter{background:#fff;border:1px solid #e3e6eb;border-radius:4px;padding:8px 14px}
+.counter b{display:block;font-size:20px}
+button,input[type=submit]{background:#2456c8;color:#fff;border:0;border-radius:4px;padding:6px 14px;cursor:pointer}
+form.inline{display:inline}
+pre{background:#fff;border:1px solid #e3e6eb;padding:8px;overflow:auto;max-height:240px}
+.help{color:#4b5563;max-width:800px}
+"#;
+
+/// Polls the counters every 2 s.
+const COUNTERS_JS: &str = r#"
+(function(){
+  async function tick(){
+    try{
+      const r = await fetch('/ui/counters.json',{credentials:'same-origin'});
+      if(!r.ok) return;
+      const c = await r.json();
+      for (const k of Object.keys(c)) {
+        const el = document.getElementById('c-'+k);
+        if (el) el.textContent = c[k];
+      }
+    }catch(e){}
+  }
+  setInterval(tick, 2000);
+})();
+"#;
+
+/// The frame of every page after login.
+pub fn layout(title: &str, scope: &Scope, counters: &Counters, csrf: &str, body: Markup) -> Markup {
+    html! {
+        (DOCTYPE)
+        html lang="en" {
+            head {
+                meta charset="utf-8";
+                title { (title) " · hookline" }
+                style { (PreEscaped(CSS)) }
+            }
+            body {
+                header {
+                    a.brand href="/" { "hookline" }
+                    a href="/" { "Endpoints" }
+                    a href="/ui/dead" { "Dead deliveries" }
+                    span.muted style="margin-left:auto" {
+                        @match scope {
+                            Scope::Admin => "signed in: admin (every tenant)",
+                            Scope::Tenant(t) => { "signed in: tenant " (t) }
+                        }
+                    }
+                    form.inline method="post" action="/ui/logout" {
+                        input type="hidden" name="csrf" value=(csrf);
+                        input type="submit" value="Sign out";
+                    }
+                }
+                main {
+                    div.counters {
+                        (counter("delivered_last_5m", "delivered (5 min)", counters.delivered_last_5m))
+                        (counter("failed_last_5m", "failed attempts (5 min)", counters.failed_last_5m))
+                        (counter("pending_retries", "waiting to retry", counters.pending_retries))
+                        (counter("dead", "dead deliveries", counters.dead))
+                    }
+                    (body)
+                }
+                script { (PreEscaped(COUNTERS_JS)) }
+            }
+        }
+    }
+}
+
+fn counter(id: &str, label: &str, value: u64) -> Markup {
+    html! { div.counter { b id=(format!("c-{id}")) { (value) } span.muted { (label) } } }
+}
+
+pub fn login(error: Option<&str>) -> Markup {
+    html! {
+        (DOCTYPE)
+        html lang="en" {
+            head { meta charset="utf-8"; title { "Sign in · hookline" } style { (PreEscaped(CSS)) } }
+            body {
+                header { span.brand { "hookline" } }
+                main {
+                    h1 { "Sign in" }
+                    p.help { "Paste an API token: an admin token shows every tenant, a tenant token only that tenant's endpoints and deliveries." }
+                    @if let Some(e) = error { p.bad id="login-error" { (e) } }
+                    form method="post" action="/ui/login" {
+                        input type="password" name="token" id="token" size="60" autocomplete="off" placeholder="token";
+                        " "
+                        input type="submit" id="sign-in" value="Sign in";
+                    }
+                }
+            }
+        }
+    }
+}
+
+const DEAD_HELP: &str = "A delivery is dead when every attempt of the retry schedule failed \
+(the first attempt and retries after 1 min, 5 min, 30 min, 2 h, 6 h and 24 h). The event is kept \
+forever. Replay sends it once more, now, with the endpoint's current URL and secret; if that \
+attempt fails too, it becomes a new dead delivery. Replaying the same dead delivery twice sends it once.";
+
+pub fn endpoints(rows: &[EndpointRow]) -> Markup {
+    let with_dead: Vec<&EndpointRow> = rows.iter().filter(|r| r.dead > 0).collect();
+    html! {
+        h1 { "Endpoints" }
+        @for r in &with_dead {
+            div.warn data-endpoint=(r.id) {
+                "⚠ Endpoint " b { (r.id) } " has " b { (r.dead) } " dead "
+                (if r.dead == 1 { "delivery" } else { "deliveries" })
+                " — events it never received. "
+                a href=(format!("/ui/dead?endpoint={}", urlencode(&r.id))) { "See them and replay" }
+            }
+        }
+        @if rows.is_empty() { p.muted { "No endpoints." } }
+        @else {
+            table #endpoints {
+                tr { th { "Endpoint" } th { "URL" } th { "Tenant" } th { "State" } th { "Success (1 h)" }
+                     th { "Last attempt" } th { "Failing" } th { "Dead" } }
+                @for r in rows {
+                    tr data-endpoint=(r.id) {
+                        td { a href=(format!("/ui/endpoints/{}", urlencode(&r.id))) { (r.id) } }
+                        td.muted { (r.url) }
+                        td { (r.tenant.as_deref().unwrap_or("(all)")) }
+                        td { @if r.enabled { span.ok { "enabled" } } @else { span.bad { "disabled" } } }
+                        td { (rate(&r.health)) }
+                        td {
+                            @if let Some(s) = &r.health.last_status { (s) " " }
+                            @if let Some(at) = &r.health.last_attempt_at { span.muted { (at) } }
+                            @if let Some(e) = &r.health.last_error { br; span.bad { (e) } }
+                        }
+                        td {
+                            @if r.health.consecutive_failures > 0 {
+                                span.bad { (r.health.consecutive_failures) " in a row" }
+                                @if let Some(s) = &r.health.failing_since { br; span.muted { "since " (s) } }
+                            } @else { span.muted { "—" } }
+                        }
+                        td { @if r.dead > 0 { span.bad { (r.dead) } } @else { "0" } }
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn rate(h: &crate::data::Health) -> Markup {
+    match h.success_rate {
+        Some(r) => {
+            let pct = format!("{:.1}%", r * 100.0);
+            html! {
+                @if r < 0.9 { span.bad { (pct) } } @else { span.ok { (pct) } }
+                span.muted { " of " (h.attempts_last_hour) }
+            }
+        }
+        None => html! { span.muted { "no attempts" } },
+    }
+}
+
+pub fn endpoint(row: &EndpointRow, attempts: &[AttemptRow]) -> Markup {
+    html! {
+        h1 { "Endpoint " (row.id) }
+        p { (row.url) " · tenant " (row.tenant.as_deref().unwrap_or("(all)"))
+            " · types " (if row.event_types.is_empty() { "(all)".to_string() } else { row.event_types.join(", ") }) }
+        @if row.dead > 0 {
+            div.warn { "⚠ " b { (row.dead) } " dead deliveries. "
+                a href=(format!("/ui/dead?endpoint={}", urlencode(&row.id))) { "See them and replay" } }
+        }
+        h2 { "Health" }
+        table {
+            tr { th { "success (1 h)" } td { (rate(&row.health)) } }
+            tr { th { "last status" } td { (row.health.last_status.as_deref().unwrap_or("—")) } }
+            tr { th { "last error" } td { (row.health.last_error.as_deref().unwrap_or("—")) } }
+            tr { th { "failures in a row" } td { (row.health.consecutive_failures) } }
+            tr { th { "failing since" } td { (row.health.failing_since.as_deref().unwrap_or("—")) } }
+            tr { th { "oldest waiting retry" } td { (row.health.oldest_pending_retry.as_deref().unwrap_or("—")) } }
+        }
+        h2 { "Recent attempts" }
+        (attempt_table(attempts, "attempts"))
+    }
+}
+
+fn attempt_table(attempts: &[AttemptRow], id: &str) -> Markup {
+    html! {
+        @if attempts.is_empty() { p.muted { "No attempts recorded." } }
+        @else {
+            table id=(id) {
+                tr { th { "time" } th { "event" } th { "attempt" } th { "by" } th { "result" } th { "duration" } th { "then" } }
+                @for a in attempts {
+                    tr {
+                        td { (a.at) }
+                        td { (a.event_id) }
+                        td { (a.attempt) }
+                        td { (a.stage) }
+                        td { @if a.outcome == "delivered" { span.ok { (a.status) } } @else { span.bad { (a.status) } } }
+                        td { (a.duration_ms) " ms" }
+                        td { (a.next) }
+                    }
+                }
+            }
+        }
+    }
+}
+
+pub fn dead_list(page: &DeadPage, filter: &DeadFilter, csrf: &str) -> Markup {
+    let f = |v: &Option<String>| v.clone().unwrap_or_default();
+    html! {
+        h1 { "Dead deliveries" }
+        p.help { (DEAD_HELP) }
+        form method="get" action="/ui/dead" {
+            "endpoint " input name="endpoint" value=(f(&filter.endpoint)) size="16";
+            " type " input name="type" value=(f(&filter.event_type)) size="16" placeholder="order.*";
+            " tenant " input name="tenant" value=(f(&filter.tenant)) size="12";
+            " " input type="submit" value="Filter";
+        }
+        @if page.rows.is_empty() { p.muted #no-dead { "No dead deliveries match." } }
+        @else {
+            form method="post" action="/ui/dead/replay" onsubmit="return confirm('Replay every dead delivery matching this filter?')" {
+                input type="hidden" name="csrf" value=(csrf);
+                input type="hidden" name="endpoint" value=(f(&filter.endpoint));
+                input type="hidden" name="type" value=(f(&filter.event_type));
+                input type="hidden" name="tenant" value=(f(&filter.tenant));
+                p { button #replay-all type="submit" { "Replay all matching" } }
+            }
+            table #dead {
+                tr { th { "position" } th { "dead at" } th { "endpoint" } th { "event" } th { "type" } th { "tenant" }
+                     th { "reason" } th { "attempts" } th { "last error" } th { "replayed" } }
+                @for r in &page.rows { (dead_row(r)) }
+            }
+            @if let Some(c) = &page.next_cursor {
+                p { a #next href=(next_link(filter, c)) { "Next page →" } }
+            }
+        }
+    }
+}
+
+fn dead_row(r: &DeadRow) -> Markup {
+    html! {
+        tr data-position=(r.position) {
+            td { a href=(format!("/ui/dead/{}", urlencode(&r.position))) { (r.position) } }
+            td { (r.dead_at) }
+            td { (r.endpoint) }
+            td { (r.event_id) }
+            td { (r.event_type) }
+            td { (r.tenant.as_deref().unwrap_or("—")) }
+            td { (r.reason) }
+            td { (r.attempts) }
+            td.bad { (r.last_error) }
+            td { (r.replayed.as_deref().unwrap_or("—")) }
+        }
+    }
+}
+
+fn next_link(filter: &DeadFilter, cursor: &str) -> String {
+    let mut q = vec![format!("cursor={}", urlencode(cursor))];
+    for (k, v) in [
+        ("endpoint", &filter.endpoint),
+        ("type", &filter.event_type),
+        ("tenant", &filter.tenant),
+    ] {
+        if let Some(v) = v {
+            q.push(format!("{k}={}", urlencode(v)));
+        }
+    }
+    format!("/ui/dead?{}", q.join("&"))
+}
+
+pub fn dead_one(d: &DeadDetail, csrf: &str) -> Markup {
+    html! {
+        h1 { "Dead delivery " (d.row.position) }
+        p.help { (DEAD_HELP) }
+        table {
+            tr { th { "event" } td #event-id { (d.row.event_id) } }
+            tr { th { "type" } td { (d.row.event_type) } }
+            tr { th { "tenant" } td { (d.row.tenant.as_deref().unwrap_or("—")) } }
+            tr { th { "endpoint" } td { (d.row.endpoint) } }
+            tr { th { "dead at" } td { (d.row.dead_at) } }
+            tr { th { "reason" } td { (d.row.reason) } }
+            tr { th { "replayed" } td #replayed { (d.row.replayed.as_deref().unwrap_or("not yet")) } }
+        }
+        form method="post" action=(format!("/ui/dead/{}/replay", urlencode(&d.row.position))) {
+            input type="hidden" name="csrf" value=(csrf);
+            p { button #replay type="submit" { "Replay" } " " span.muted { "sends it once more, now" } }
+        }
+        h2 { "Attempts" }
+        (attempt_table(&d.history, "history"))
+        h2 { "Body (start)" }
+        pre { (d.body_preview) }
+    }
+}
+
+pub fn replayed(outcome: &ReplayOutcome, back: &str) -> Markup {
+    html! {
+        h1 { "Replay" }
+        p #replay-summary {
+            (outcome.selected) " selected: " (outcome.delivered) " delivered, " (outcome.failed) " failed again, "
+            (outcome.already_replayed) " already replayed, " (outcome.skipped) " skipped."
+        }
+        @if outcome.failed > 0 { p.bad { "What failed again is a new dead delivery; it can be replayed later." } }
+        pre { @for l in &outcome.lines { (l) "\n" } }
+        p { a href=(back) { "← back" } }
+    }
+}
+
+pub fn problem(message: &str) -> Markup {
+    html! { h1 { "Not available" } p.bad #problem { (message) } p { a href="/" { "← endpoints" } } }
+}
+
+/// Percent-encodes everything but unreserved characters (RFC 3986).
+pub fn urlencode(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'~') {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn everything_interpolated_is_escaped() {
+        let row = EndpointRow {
+            id: "<script>x</script>".into(),
+            url: "https://e.example/\"><img>".into(),
+            dead: 2,
+            ..EndpointRow::default()
+        };
+        let html = endpoints(&[row]).into_string();
+        assert!(!html.contains("<script>x"), "{html}");
+        assert!(!html.contains("\"><img>"), "{html}");
+        assert!(html.contains("&lt;script&gt;"));
+        assert!(html.contains("2</b> dead deliveries"), "{html}");
+    }
+
+    #[test]
+    fn urlencode_keeps_unreserved_only() {
+        assert_eq!(urlencode("a b/c?d=é"), "a%20b%2Fc%3Fd%3D%C3%A9");
+        assert_eq!(urlencode("0-12"), "0-12");
+    }
+}
