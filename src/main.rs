@@ -44,6 +44,15 @@ enum Command {
         /// With `retry-tier`: the tier(s) to run, by name (`5m`); repeat for several.
         #[arg(long = "tier", value_name = "TIER")]
         tiers: Vec<String>,
+        /// With `admin`: when `admin.tokens` is empty, make a random admin token and print it
+        /// (loopback only). `run all` does this by itself.
+        #[arg(long)]
+        dev: bool,
+    },
+    /// Admin API tools.
+    Admin {
+        #[command(subcommand)]
+        command: AdminCommand,
     },
     /// Send dead deliveries again (one fresh attempt each; idempotent by DLQ position).
     Replay(hookline_retry_tiers::cli::ReplayArgs),
@@ -68,6 +77,19 @@ enum Command {
     Demo {
         #[command(subcommand)]
         command: demo::DemoCommand,
+    },
+}
+
+#[derive(Subcommand)]
+enum AdminCommand {
+    /// Print a new random API token and the `[[admin.tokens]]` entry (its SHA-256) to configure.
+    Token {
+        /// Who will hold it (shown in logs).
+        #[arg(long, default_value = "ops")]
+        name: String,
+        /// `admin` (every tenant) or `tenant:<id>`.
+        #[arg(long, default_value = "admin")]
+        scope: String,
     },
 }
 
@@ -101,7 +123,9 @@ enum Stage {
     RetryTiers,
     /// The worker of the tier(s) named with `--tier` (e.g. `--tier 5m`).
     RetryTier,
-    /// Every stage in one process (small installs, the demo).
+    /// The admin API, `POST /v1/events` and the dashboard (`admin.listen`).
+    Admin,
+    /// Every stage in one process, with the admin API (small installs, the demo).
     All,
 }
 
@@ -136,6 +160,21 @@ fn main() -> ExitCode {
             }
         },
         Command::Receiver(args) => demo::receiver_main(args),
+        Command::Admin {
+            command: AdminCommand::Token { name, scope },
+        } => {
+            if hookline_common::admin_config::TokenScope::parse(&scope).is_none() {
+                eprintln!("--scope must be `admin` or `tenant:<id>`, not `{scope}`");
+                return ExitCode::from(2);
+            }
+            let token = hookline_admin::auth::generate();
+            let hash = hookline_admin::auth::hex(&hookline_admin::auth::sha256(&token));
+            println!("token (give it to {name}; it is not stored anywhere): {token}\n");
+            println!(
+                "[[admin.tokens]]\nname = \"{name}\"\nsha256 = \"{hash}\"\nscope = \"{scope}\""
+            );
+            ExitCode::SUCCESS
+        }
         command => {
             let config = match Config::load(&cli.config) {
                 Ok(c) => Arc::new(c),
@@ -238,7 +277,7 @@ async fn run_command(
             }
             Ok(ExitCode::SUCCESS)
         }
-        Command::Run { stage, tiers } => run_stages(stage, tiers, config)
+        Command::Run { stage, tiers, dev } => run_stages(stage, tiers, dev, config)
             .await
             .map(|()| ExitCode::SUCCESS),
         // Exit 0 only when everything selected was delivered or already replayed; the summary's
@@ -260,18 +299,26 @@ async fn run_command(
         Command::Demo { command } => demo::run(command, config, config_path)
             .await
             .map(|()| ExitCode::SUCCESS),
-        Command::Config { .. } | Command::Receiver(_) => {
+        Command::Config { .. } | Command::Receiver(_) | Command::Admin { .. } => {
             unreachable!("handled before the runtime starts")
         }
     }
 }
 
-async fn run_stages(stage: Stage, tiers: Vec<String>, config: Arc<Config>) -> anyhow::Result<()> {
+async fn run_stages(
+    stage: Stage,
+    tiers: Vec<String>,
+    dev: bool,
+    config: Arc<Config>,
+) -> anyhow::Result<()> {
     match (stage, tiers.is_empty()) {
         (Stage::RetryTier, true) => anyhow::bail!("`run retry-tier` needs --tier <name> (e.g. 5m)"),
         (Stage::RetryTier, false) => {}
         (_, false) => anyhow::bail!("--tier applies to `run retry-tier` only"),
         (_, true) => {}
+    }
+    if dev && stage != Stage::Admin {
+        anyhow::bail!("--dev applies to `run admin` only (`run all` makes a dev token by itself)");
     }
     let (trigger, shutdown) = shutdown::channel();
     shutdown::on_signals(trigger.clone());
@@ -312,6 +359,11 @@ async fn run_stages(stage: Stage, tiers: Vec<String>, config: Arc<Config>) -> an
                 hookline_retry_tiers::run(c, r, rd, s, only).await,
             )
         });
+    }
+    if matches!(stage, Stage::Admin | Stage::All) {
+        let (c, r, rd, s) = ctx();
+        let dev = dev || stage == Stage::All;
+        tasks.spawn(async move { ("admin", hookline_admin::run(c, r, rd, s, dev).await) });
     }
     let mut failed = None;
     while let Some(joined) = tasks.join_next().await {

@@ -38,7 +38,7 @@ pub enum ConfigError {
 }
 
 impl ConfigError {
-    fn field(field: impl Into<String>, reason: impl Into<String>) -> Self {
+    pub(crate) fn field(field: impl Into<String>, reason: impl Into<String>) -> Self {
         ConfigError::Field {
             field: field.into(),
             reason: reason.into(),
@@ -69,6 +69,9 @@ pub struct Config {
     pub log: LogConfig,
     #[serde(default)]
     pub endpoints: Vec<EndpointConfig>,
+    /// The admin process: API, `/v1/events`, dashboard (`common/src/admin_config.rs`).
+    #[serde(default)]
+    pub admin: crate::admin_config::AdminConfig,
     /// Kubernetes service-link variables (`HOOKLINE_SERVICE_HOST`, …) that were ignored, sorted;
     /// not configuration: the binary names them in one log line at startup.
     #[serde(skip)]
@@ -597,6 +600,7 @@ impl Config {
                 "must be at least 1",
             ));
         }
+        self.admin.validate()?;
         self.validate_endpoints()
     }
 
@@ -802,6 +806,7 @@ const OVERRIDE_SECTIONS: &[&str] = &[
     "dispatcher",
     "server",
     "log",
+    "admin",
 ];
 
 /// The override a single-underscore variable most likely meant:

@@ -15,6 +15,7 @@
 //!   sends; [`recordsize`]: record sizes and topic size limits; [`quarantine`]: the
 //!   `record_too_large` quarantine record.
 
+pub mod admin_config;
 pub mod closing;
 pub mod config;
 pub mod delivery;

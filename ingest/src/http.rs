@@ -7,7 +7,8 @@
 use std::sync::Arc;
 
 use axum::body::Bytes;
-use axum::extract::{Extension, State};
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{DefaultBodyLimit, Extension, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
@@ -19,19 +20,47 @@ use crate::{Ingest, Publish, Rejected};
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TenantScope(pub Option<String>);
 
-/// The `/v1/events` route.
-pub fn router(ingest: Arc<Ingest>) -> Router {
+/// The `/v1/events` route, reading at most `max_body + 1` bytes of a body (a longer one is a
+/// 413 before it is read further: memory stays bounded whatever a client sends).
+pub fn router(ingest: Arc<Ingest>, max_body: usize) -> Router {
     Router::new()
         .route("/v1/events", post(publish))
+        .layer(body_limit(max_body))
         .with_state(ingest)
 }
 
-async fn publish(
+/// The body limit to put on the route: one byte over the event limit, so "too large" is
+/// answered by [`Ingest::publish`] with its JSON error where possible.
+pub fn body_limit(max_body: usize) -> DefaultBodyLimit {
+    DefaultBodyLimit::max(max_body.saturating_add(1))
+}
+
+/// `POST /v1/events`: the handler, public so the admin process can mount (and document) it.
+pub async fn publish(
     State(ingest): State<Arc<Ingest>>,
     scope: Option<Extension<TenantScope>>,
     headers: HeaderMap,
-    body: Bytes,
+    body: Result<Bytes, BytesRejection>,
 ) -> Response {
+    let body = match body {
+        Ok(b) => b,
+        Err(e) if e.status() == StatusCode::PAYLOAD_TOO_LARGE => {
+            return error(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "payload_too_large",
+                Some("body"),
+                "the event is larger than input.max_payload_bytes",
+            )
+        }
+        Err(e) => {
+            return error(
+                StatusCode::BAD_REQUEST,
+                "unreadable_body",
+                Some("body"),
+                &e.body_text(),
+            )
+        }
+    };
     let Some(Extension(TenantScope(scope))) = scope else {
         tracing::error!("POST /v1/events reached without an authenticated scope");
         return error(
@@ -80,7 +109,9 @@ pub fn rejection(r: &Rejected) -> Response {
     response
 }
 
-fn error(status: StatusCode, code: &str, field: Option<&str>, message: &str) -> Response {
+/// The JSON error every admin route answers with:
+/// `{"error":{"status":400,"code":"invalid_field","field":"type","message":"…"}}`.
+pub fn error(status: StatusCode, code: &str, field: Option<&str>, message: &str) -> Response {
     let mut e = serde_json::json!({ "status": status.as_u16(), "code": code, "message": message });
     if let Some(f) = field {
         e["field"] = f.into();

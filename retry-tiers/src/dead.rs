@@ -433,21 +433,7 @@ pub async fn show(
     format: Format,
     out: &mut (dyn Write + Send),
 ) -> anyhow::Result<()> {
-    let filter = DeadFilter {
-        partition: Some(at.partition),
-        from_offset: Some(at.offset),
-        to_offset: Some(at.offset),
-        ..DeadFilter::default()
-    };
-    let mut found = None;
-    scan(config, &filter, |r| {
-        if r.offset == at.offset {
-            found = Some(r);
-        }
-        Ok(())
-    })
-    .await?;
-    let Some(r) = found else {
+    let Some(r) = crate::dead_page::one(config, at).await? else {
         bail!(
             "no dead letter at {}:{} (the offset is out of range or a transaction marker)",
             at.partition,

@@ -21,6 +21,7 @@
 mod attempt;
 pub mod cli;
 pub mod dead;
+pub mod dead_page;
 mod due;
 mod metrics;
 mod orphans;

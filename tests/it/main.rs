@@ -1,7 +1,9 @@
 //! Integration tests against a real Kafka broker. One binary (fast to link), one module per
 //! concern; every test uses its own topic prefix so they run in parallel.
 
+mod admin;
 mod bench;
+mod browser;
 mod dedupe;
 mod demo;
 mod deploy;

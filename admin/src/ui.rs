@@ -1,0 +1,263 @@
+//! The dashboard's data: the same reads and replays as the API routes, through the same tenant
+//! scoping (`auth::Caller`), shaped for the pages of `hookline-dashboard`.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use axum::http::StatusCode;
+use serde_json::Value;
+
+use hookline_common::admin_config::TokenScope;
+use hookline_common::config::{Config, EndpointConfig};
+use hookline_dashboard::{
+    AttemptRow, Backend, Counters, DeadDetail, DeadFilter, DeadPage, DeadRow, EndpointRow, Problem,
+    ReplayOutcome, Scope,
+};
+use hookline_retry_tiers::dead::{self, DeadRecord};
+use hookline_retry_tiers::dead_page::{self, Cursor};
+use hookline_retry_tiers::replay::{self, ReplayOptions};
+
+use crate::auth::{Caller, Tokens};
+use crate::error::ApiError;
+
+/// Dead letters per dashboard page.
+const PAGE: usize = 50;
+/// Bytes of the body shown on a dead letter's page.
+const PREVIEW: usize = 1024;
+
+pub struct DashboardData {
+    pub config: Arc<Config>,
+    pub tokens: Arc<Tokens>,
+}
+
+fn caller(scope: &Scope) -> Caller {
+    Caller {
+        name: "dashboard".into(),
+        scope: match scope {
+            Scope::Admin => TokenScope::Admin,
+            Scope::Tenant(t) => TokenScope::Tenant(t.clone()),
+        },
+    }
+}
+
+fn problem(e: ApiError) -> Problem {
+    match e.status {
+        StatusCode::NOT_FOUND => Problem::NotFound,
+        StatusCode::BAD_REQUEST => Problem::BadInput(match e.field {
+            Some(f) => format!("{f}: {}", e.message),
+            None => e.message,
+        }),
+        _ => Problem::Unavailable(e.message),
+    }
+}
+
+fn unavailable(e: anyhow::Error) -> Problem {
+    problem(ApiError::unavailable(&e))
+}
+
+fn endpoint_row(e: &EndpointConfig, dead: u64) -> EndpointRow {
+    EndpointRow {
+        id: e.id.clone(),
+        url: e.url.clone(),
+        tenant: e.tenant.clone(),
+        event_types: e.event_types.clone(),
+        enabled: e.enabled,
+        health: Default::default(),
+        dead,
+    }
+}
+
+fn replayed(v: Option<&Value>) -> Option<String> {
+    v.map(|v| {
+        v.get("result")
+            .and_then(Value::as_str)
+            .unwrap_or("replayed")
+            .to_string()
+    })
+}
+
+fn dead_row(r: &DeadRecord, replays: &HashMap<String, Value>) -> DeadRow {
+    let replayed = replayed(replays.get(&r.replay_key()));
+    match &r.meta {
+        Ok(m) => DeadRow {
+            position: r.position(),
+            dead_at: m.dead_at_ms.map(dead::rfc3339_ms).unwrap_or_default(),
+            endpoint: m.endpoint_id.clone(),
+            event_id: m.event_id.clone(),
+            event_type: m.event_type.clone(),
+            tenant: m.tenant.clone(),
+            reason: m.dead_reason.map_or("-", |d| d.as_str()).to_string(),
+            attempts: dead::attempts_made(m),
+            last_error: dead::last_error(m),
+            replayed,
+        },
+        Err(e) => DeadRow {
+            position: r.position(),
+            reason: "unreadable".into(),
+            last_error: e.clone(),
+            replayed,
+            ..DeadRow::default()
+        },
+    }
+}
+
+impl DashboardData {
+    fn scoped_filter(&self, scope: &Scope, f: &DeadFilter) -> dead::DeadFilter {
+        dead::DeadFilter {
+            endpoint: f.endpoint.clone(),
+            event_type: f.event_type.clone(),
+            tenant: scope.tenant().map(str::to_string).or(f.tenant.clone()),
+            ..dead::DeadFilter::default()
+        }
+    }
+
+    fn visible<'a>(&'a self, scope: &'a Scope) -> impl Iterator<Item = &'a EndpointConfig> + 'a {
+        self.config
+            .endpoints
+            .iter()
+            .filter(move |e| scope.tenant().is_none() || e.tenant.as_deref() == scope.tenant())
+    }
+
+    async fn open_dead(&self, scope: &Scope) -> Result<HashMap<String, u64>, Problem> {
+        let replays = replay::finished(&self.config).await.map_err(unavailable)?;
+        let filter = self.scoped_filter(scope, &DeadFilter::default());
+        dead_page::open_by_endpoint(&self.config, &filter, &replays)
+            .await
+            .map_err(unavailable)
+    }
+}
+
+impl Backend for DashboardData {
+    fn authenticate(&self, token: &str) -> Option<Scope> {
+        self.tokens.check(token).map(|c| match c.scope {
+            TokenScope::Admin => Scope::Admin,
+            TokenScope::Tenant(t) => Scope::Tenant(t),
+        })
+    }
+
+    async fn endpoints(&self, scope: &Scope) -> Result<Vec<EndpointRow>, Problem> {
+        let dead = self.open_dead(scope).await?;
+        Ok(self
+            .visible(scope)
+            .map(|e| endpoint_row(e, dead.get(&e.id).copied().unwrap_or(0)))
+            .collect())
+    }
+
+    async fn endpoint(
+        &self,
+        scope: &Scope,
+        id: &str,
+    ) -> Result<(EndpointRow, Vec<AttemptRow>), Problem> {
+        let Some(e) = self.visible(scope).find(|e| e.id == id) else {
+            return Err(Problem::NotFound);
+        };
+        let dead = self.open_dead(scope).await?;
+        let row = endpoint_row(e, dead.get(&e.id).copied().unwrap_or(0));
+        Ok((row, Vec::new()))
+    }
+
+    async fn dead(&self, scope: &Scope, filter: &DeadFilter) -> Result<DeadPage, Problem> {
+        let after = match &filter.cursor {
+            None => None,
+            Some(c) => Some(
+                c.parse::<Cursor>()
+                    .map_err(|e| Problem::BadInput(format!("cursor: {e}")))?,
+            ),
+        };
+        let f = self.scoped_filter(scope, filter);
+        let page = dead_page::page(&self.config, &f, after, PAGE)
+            .await
+            .map_err(unavailable)?;
+        let replays = replay::finished(&self.config).await.map_err(unavailable)?;
+        Ok(DeadPage {
+            rows: page.records.iter().map(|r| dead_row(r, &replays)).collect(),
+            next_cursor: page.next.map(|c| c.to_string()),
+        })
+    }
+
+    async fn dead_one(&self, scope: &Scope, position: &str) -> Result<DeadDetail, Problem> {
+        let r = crate::dead::find(&self.config, &caller(scope), position)
+            .await
+            .map_err(problem)?;
+        let replays = replay::finished(&self.config).await.map_err(unavailable)?;
+        let row = dead_row(&r, &replays);
+        let history = match &r.meta {
+            Ok(m) => m
+                .history
+                .iter()
+                .map(|a| AttemptRow {
+                    at: dead::rfc3339_ms(a.at_ms),
+                    event_id: m.event_id.clone(),
+                    endpoint: m.endpoint_id.clone(),
+                    attempt: a.n,
+                    stage: String::new(),
+                    outcome: if a.class == "ok" {
+                        "delivered"
+                    } else {
+                        "failed"
+                    }
+                    .into(),
+                    status: a
+                        .status
+                        .map_or_else(|| a.class.clone(), |s| format!("{} {s}", a.class)),
+                    duration_ms: a.duration_ms,
+                    next: String::new(),
+                })
+                .collect(),
+            Err(_) => Vec::new(),
+        };
+        let body_preview = String::from_utf8_lossy(&r.value[..r.value.len().min(PREVIEW)]).into();
+        Ok(DeadDetail {
+            row,
+            history,
+            body_preview,
+        })
+    }
+
+    async fn replay(
+        &self,
+        scope: &Scope,
+        position: Option<&str>,
+        filter: &DeadFilter,
+    ) -> Result<ReplayOutcome, Problem> {
+        let who = caller(scope);
+        let f = match position {
+            Some(p) => {
+                let r = crate::dead::find(&self.config, &who, p)
+                    .await
+                    .map_err(problem)?;
+                dead::DeadFilter {
+                    partition: Some(r.partition),
+                    from_offset: Some(r.offset),
+                    to_offset: Some(r.offset),
+                    tenant: scope.tenant().map(str::to_string),
+                    ..dead::DeadFilter::default()
+                }
+            }
+            None => self.scoped_filter(scope, filter),
+        };
+        let options = ReplayOptions {
+            filter: f,
+            ..ReplayOptions::default()
+        };
+        let r = crate::dead::run(&self.config, &who, options)
+            .await
+            .map_err(problem)?;
+        Ok(ReplayOutcome {
+            selected: r.selected as u64,
+            delivered: r.delivered as u64,
+            failed: r.failed as u64,
+            already_replayed: r.already_replayed as u64,
+            skipped: r.skipped as u64,
+            lines: r.lines,
+        })
+    }
+
+    async fn counters(&self, scope: &Scope) -> Result<Counters, Problem> {
+        let dead = self.open_dead(scope).await?;
+        Ok(Counters {
+            dead: dead.values().sum(),
+            ..Counters::default()
+        })
+    }
+}

@@ -1,0 +1,446 @@
+//! The admin process over HTTP against the real broker: every route needs a token, a tenant
+//! token sees only its tenant (another tenant's resource is a 404), errors name the field, the
+//! OpenAPI document lists exactly the routes served; `POST /v1/events` with one
+//! `Idempotency-Key` is one event and one delivery under 50 concurrent requests and across a
+//! restart of the admin process.
+
+use std::collections::BTreeSet;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use reqwest::StatusCode;
+use serde_json::{json, Value};
+use sha2::{Digest, Sha256};
+
+use hookline_common::config::Config;
+use hookline_common::ops::StageProbe;
+use hookline_common::shutdown;
+
+use crate::harness::*;
+use crate::receiver::{Behavior, Receiver};
+
+pub const ADMIN_TOKEN: &str = "test-admin-token";
+pub const ACME_TOKEN: &str = "test-acme-token";
+pub const GLOBEX_TOKEN: &str = "test-globex-token";
+
+fn sha(token: &str) -> String {
+    Sha256::digest(token.as_bytes())
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// `[admin]` on port 0 with an admin token and one token per tenant (acme, globex).
+pub fn admin_section() -> String {
+    format!(
+        "[admin]\nlisten = \"127.0.0.1:0\"\n\
+         [[admin.tokens]]\nname = \"ops\"\nsha256 = \"{}\"\nscope = \"admin\"\n\
+         [[admin.tokens]]\nname = \"acme\"\nsha256 = \"{}\"\nscope = \"tenant:acme\"\n\
+         [[admin.tokens]]\nname = \"globex\"\nsha256 = \"{}\"\nscope = \"tenant:globex\"\n",
+        sha(ADMIN_TOKEN),
+        sha(ACME_TOKEN),
+        sha(GLOBEX_TOKEN)
+    )
+}
+
+/// A running admin process (in-process, like the stages in other tests).
+pub struct Admin {
+    pub addr: SocketAddr,
+    trigger: shutdown::ShutdownTrigger,
+    handle: tokio::task::JoinHandle<anyhow::Result<()>>,
+}
+
+impl Admin {
+    pub async fn start(config: &Config) -> Admin {
+        let config = Arc::new(config.clone());
+        let bound = hookline_admin::Bound::bind(config, &prometheus::Registry::new(), false)
+            .await
+            .expect("admin binds and starts");
+        let addr = bound.addr;
+        let (trigger, shutdown) = shutdown::channel();
+        let handle =
+            tokio::spawn(
+                async move { bound.serve(&StageProbe::detached("admin"), shutdown).await },
+            );
+        Admin {
+            addr,
+            trigger,
+            handle,
+        }
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.addr)
+    }
+
+    pub async fn stop(self) {
+        self.trigger.trigger();
+        self.handle
+            .await
+            .expect("admin task")
+            .expect("admin stops cleanly");
+    }
+}
+
+fn client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .timeout(Duration::from_secs(60))
+        .build()
+        .expect("client")
+}
+
+async fn call(
+    method: reqwest::Method,
+    url: &str,
+    token: Option<&str>,
+    body: Option<Value>,
+) -> (StatusCode, Value) {
+    let mut req = client().request(method, url);
+    if let Some(t) = token {
+        req = req.bearer_auth(t);
+    }
+    if let Some(b) = body {
+        req = req.json(&b);
+    }
+    let resp = req.send().await.expect("request sent");
+    let status = resp.status();
+    let text = resp.text().await.unwrap_or_default();
+    (
+        status,
+        serde_json::from_str(&text).unwrap_or(Value::String(text)),
+    )
+}
+
+async fn get(url: &str, token: Option<&str>) -> (StatusCode, Value) {
+    call(reqwest::Method::GET, url, token, None).await
+}
+
+async fn post(url: &str, token: Option<&str>, body: Value) -> (StatusCode, Value) {
+    call(reqwest::Method::POST, url, token, Some(body)).await
+}
+
+/// Polls the dead-letter list (admin token) until it holds `n` items.
+async fn wait_dead(admin: &Admin, n: usize) -> Vec<Value> {
+    let deadline = Instant::now() + Duration::from_secs(90);
+    loop {
+        let (status, page) = get(&admin.url("/v1/dead-letters"), Some(ADMIN_TOKEN)).await;
+        let items = page["items"].as_array().cloned().unwrap_or_default();
+        if status == StatusCode::OK && items.len() >= n {
+            return items;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{n} dead letters expected, have {status} {page}"
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+}
+
+fn position_of(items: &[Value], tenant: &str) -> String {
+    items
+        .iter()
+        .find(|i| i["tenant"] == tenant)
+        .and_then(|i| i["position"].as_str())
+        .unwrap_or_else(|| panic!("a dead letter of {tenant} in {items:?}"))
+        .to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_route_needs_a_token_and_a_tenant_token_sees_only_its_tenant() {
+    require_kafka();
+    let rx = Receiver::start().await;
+    rx.default("acme", Behavior::Status(500));
+    rx.default("globex", Behavior::Status(500));
+    let prefix = unique_prefix("admin-auth");
+    let config = test_config(
+        &prefix,
+        &format!(
+            "[retry]\nschedule = [\"0s\"]\n{}\
+             [[endpoints]]\nid = \"acme\"\nurl = \"{}\"\ntenant = \"acme\"\n\
+             [[endpoints]]\nid = \"globex\"\nurl = \"{}\"\ntenant = \"globex\"\n",
+            admin_section(),
+            rx.url("acme"),
+            rx.url("globex")
+        ),
+    );
+    apply_topics(&config).await;
+    let stages = [start_deduper(&config), start_dispatcher(&config)];
+    let admin = Admin::start(&config).await;
+
+    // The OpenAPI document is public and lists exactly the routes served; every one of them
+    // answers 401 without a token and with a wrong one.
+    let (status, doc) = get(&admin.url("/openapi.json"), None).await;
+    assert_eq!(status, StatusCode::OK);
+    let mut documented = BTreeSet::new();
+    for (path, item) in doc["paths"].as_object().expect("paths") {
+        for method in item.as_object().expect("path item").keys() {
+            documented.insert((method.to_uppercase(), path.clone()));
+        }
+    }
+    let expected: BTreeSet<(String, String)> = [
+        ("POST", "/v1/events"),
+        ("GET", "/v1/dead-letters"),
+        ("POST", "/v1/dead-letters/replay"),
+        ("GET", "/v1/dead-letters/{position}"),
+        ("POST", "/v1/dead-letters/{position}/replay"),
+    ]
+    .iter()
+    .map(|(m, p)| (m.to_string(), p.to_string()))
+    .collect();
+    assert_eq!(documented, expected, "the document lists the routes served");
+    for (method, path) in &documented {
+        let url = admin.url(&path.replace("{position}", "0:0"));
+        let m: reqwest::Method = method.parse().expect("method");
+        for token in [None, Some("not-a-token")] {
+            let (status, body) = call(m.clone(), &url, token, Some(json!({}))).await;
+            assert_eq!(
+                status,
+                StatusCode::UNAUTHORIZED,
+                "{method} {path} {token:?}: {body}"
+            );
+            assert_eq!(body["error"]["code"], "unauthorized", "{body}");
+        }
+    }
+
+    // Publishing: a tenant token only for its tenant; bad bodies name the field.
+    let events = admin.url("/v1/events");
+    let (status, body) = post(
+        &events,
+        Some(ACME_TOKEN),
+        json!({"type": "order.paid", "tenant": "globex"}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::FORBIDDEN, "{body}");
+    let (status, body) = post(&events, Some(ACME_TOKEN), json!({"data": {}})).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    assert_eq!(body["error"]["field"], "type", "{body}");
+    let (status, acme) = post(
+        &events,
+        Some(ACME_TOKEN),
+        json!({"type": "order.paid", "data": {"n": 1}}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{acme}");
+    assert_eq!(acme["tenant"], "acme");
+    let (status, globex) = post(
+        &events,
+        Some(ADMIN_TOKEN),
+        json!({"type": "order.paid", "tenant": "globex", "data": {"n": 2}}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{globex}");
+
+    // Both endpoints answer 500 and the schedule has no retries: two dead letters.
+    let items = wait_dead(&admin, 2).await;
+    let (acme_dead, globex_dead) = (position_of(&items, "acme"), position_of(&items, "globex"));
+
+    // Lists are scoped to the token's tenant, whatever the query asks.
+    for query in ["", "?tenant=globex"] {
+        let (status, page) = get(
+            &admin.url(&format!("/v1/dead-letters{query}")),
+            Some(ACME_TOKEN),
+        )
+        .await;
+        assert_eq!(status, StatusCode::OK, "{page}");
+        let tenants: Vec<&Value> = page["items"]
+            .as_array()
+            .expect("items")
+            .iter()
+            .map(|i| &i["tenant"])
+            .collect();
+        assert!(
+            tenants.iter().all(|t| *t == "acme"),
+            "acme sees only acme: {page}"
+        );
+    }
+    // Another tenant's dead letter is a 404, to show and to replay; the admin sees it.
+    let (status, body) = get(
+        &admin.url(&format!("/v1/dead-letters/{globex_dead}")),
+        Some(ACME_TOKEN),
+    )
+    .await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "{body}");
+    assert!(
+        !body.to_string().contains("globex"),
+        "no data of globex leaks: {body}"
+    );
+    let (status, _) = post(
+        &admin.url(&format!("/v1/dead-letters/{globex_dead}/replay")),
+        Some(ACME_TOKEN),
+        json!({}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    let (status, shown) = get(
+        &admin.url(&format!("/v1/dead-letters/{globex_dead}")),
+        Some(ADMIN_TOKEN),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{shown}");
+    assert_eq!(shown["event_id"], globex["id"]);
+    assert_eq!(shown["endpoint_id"], "globex");
+
+    // Bad input names the field.
+    for (url, field) in [
+        ("/v1/dead-letters?limit=0", "limit"),
+        ("/v1/dead-letters?cursor=nope", "cursor"),
+        ("/v1/dead-letters/nope", "position"),
+    ] {
+        let (status, body) = get(&admin.url(url), Some(ADMIN_TOKEN)).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{url}: {body}");
+        assert_eq!(body["error"]["field"], field, "{url}: {body}");
+    }
+    let replay_all = admin.url("/v1/dead-letters/replay");
+    let (status, body) = post(&replay_all, Some(ADMIN_TOKEN), json!({})).await;
+    assert_eq!(
+        (status, body["error"]["field"].clone()),
+        (StatusCode::BAD_REQUEST, json!("all")),
+        "{body}"
+    );
+    let (status, body) = post(
+        &replay_all,
+        Some(ADMIN_TOKEN),
+        json!({"endpoint": "acme", "bogus": 1}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+
+    // Replay: acme's token replays acme's dead letter once; the second call sends nothing.
+    rx.default("acme", Behavior::Status(204));
+    let url = admin.url(&format!("/v1/dead-letters/{acme_dead}/replay"));
+    let (status, first) = post(&url, Some(ACME_TOKEN), json!({})).await;
+    assert_eq!(status, StatusCode::OK, "{first}");
+    assert_eq!(
+        (first["selected"].as_u64(), first["delivered"].as_u64()),
+        (Some(1), Some(1)),
+        "{first}"
+    );
+    let (status, second) = post(&url, Some(ACME_TOKEN), json!({})).await;
+    assert_eq!(status, StatusCode::OK, "{second}");
+    assert_eq!(second["already_replayed"].as_u64(), Some(1), "{second}");
+    assert_eq!(
+        rx.requests("acme").len(),
+        2,
+        "the failed attempt and one replay"
+    );
+    // `all` for a tenant token is all of its own: acme's only dead letter is replayed already,
+    // globex's is not touched.
+    let (status, mine) = post(&replay_all, Some(ACME_TOKEN), json!({"all": true})).await;
+    assert_eq!(status, StatusCode::OK, "{mine}");
+    assert_eq!(
+        (mine["selected"].as_u64(), mine["already_replayed"].as_u64()),
+        (Some(1), Some(1)),
+        "{mine}"
+    );
+    assert_eq!(
+        rx.requests("globex").len(),
+        1,
+        "globex's dead letter was not replayed"
+    );
+
+    admin.stop().await;
+    for s in stages {
+        s.stop().await.expect("clean stop");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fifty_concurrent_posts_with_one_key_are_one_delivery_across_admin_restarts() {
+    require_kafka();
+    let rx = Receiver::start().await;
+    let prefix = unique_prefix("admin-ingest");
+    let config = test_config(
+        &prefix,
+        &format!(
+            "{}[[endpoints]]\nid = \"acme\"\nurl = \"{}\"\ntenant = \"acme\"\n\
+             [[endpoints]]\nid = \"globex\"\nurl = \"{}\"\ntenant = \"globex\"\n",
+            admin_section(),
+            rx.url("acme"),
+            rx.url("globex")
+        ),
+    );
+    apply_topics(&config).await;
+    let stages = [start_deduper(&config), start_dispatcher(&config)];
+    let admin = Admin::start(&config).await;
+
+    let body = json!({"type": "order.paid", "data": {"order": 42}});
+    let mut tasks = tokio::task::JoinSet::new();
+    for _ in 0..50 {
+        let (url, body) = (admin.url("/v1/events"), body.clone());
+        tasks.spawn(async move {
+            let resp = client()
+                .post(url)
+                .bearer_auth(ACME_TOKEN)
+                .header("Idempotency-Key", "order-42")
+                .json(&body)
+                .send()
+                .await
+                .expect("sent");
+            (resp.status(), resp.json::<Value>().await.expect("json"))
+        });
+    }
+    let mut ids = BTreeSet::new();
+    while let Some(r) = tasks.join_next().await {
+        let (status, answer) = r.expect("task");
+        assert_eq!(status, StatusCode::ACCEPTED, "{answer}");
+        ids.insert(answer["id"].as_str().expect("id").to_string());
+    }
+    assert_eq!(ids.len(), 1, "every response carries the same id: {ids:?}");
+    let id = ids.into_iter().next().expect("one id");
+
+    // A restarted admin process (nothing remembered in memory) answers the same id.
+    admin.stop().await;
+    let admin = Admin::start(&config).await;
+    let send = |token: &'static str, body: Value| {
+        let url = admin.url("/v1/events");
+        async move {
+            let resp = client()
+                .post(url)
+                .bearer_auth(token)
+                .header("Idempotency-Key", "order-42")
+                .json(&body)
+                .send()
+                .await
+                .expect("sent");
+            (resp.status(), resp.json::<Value>().await.expect("json"))
+        }
+    };
+    let (status, again) = send(ACME_TOKEN, body.clone()).await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{again}");
+    assert_eq!(
+        again["id"],
+        id.as_str(),
+        "same key after a restart: same id"
+    );
+    // The same key with another body is refused, as Stripe does.
+    let (status, reused) = send(
+        ACME_TOKEN,
+        json!({"type": "order.paid", "data": {"order": 43}}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{reused}");
+    assert_eq!(reused["error"]["code"], "idempotency_key_reused");
+    // Another tenant with the same key gets its own event.
+    let (status, other) = send(GLOBEX_TOKEN, body.clone()).await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{other}");
+    assert_ne!(other["id"], id.as_str());
+
+    let got = rx.wait_for("globex", 1, Duration::from_secs(60)).await;
+    assert_eq!(
+        got[0].headers.get("webhook-id").map(String::as_str),
+        other["id"].as_str()
+    );
+    let got = rx.wait_for("acme", 1, Duration::from_secs(60)).await;
+    assert_eq!(got[0].headers.get("webhook-id"), Some(&id));
+    let sent: Value = serde_json::from_slice(&got[0].body).expect("json body");
+    assert_eq!(sent["tenant"], "acme", "the token's tenant is filled in");
+    // The 51 accepted copies on <p>.events stay one delivery (the deduper's window).
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(rx.requests("acme").len(), 1, "one delivery for one key");
+
+    admin.stop().await;
+    for s in stages {
+        s.stop().await.expect("clean stop");
+    }
+}

@@ -1,0 +1,226 @@
+//! The dashboard in real headless Chromium (Debian's `chromium` + `chromium-driver`, installed by
+//! `.ci/run`), driven over WebDriver with `fantoccini`: sign in with a tenant token, see the
+//! dead-delivery warning on the failing endpoint, open its dead letter, click Replay, and the
+//! receiver gets the delivery; the tenant does not see another tenant's endpoint. Screenshots go
+//! to `target/screenshots/`.
+
+use std::net::TcpListener;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use fantoccini::{Client, ClientBuilder, Locator};
+use serde_json::json;
+
+use crate::admin::{admin_section, Admin, ACME_TOKEN, ADMIN_TOKEN};
+use crate::harness::*;
+use crate::receiver::{Behavior, Receiver};
+
+/// chromedriver on a free loopback port, killed on drop.
+struct Driver {
+    child: Child,
+    url: String,
+}
+
+impl Drop for Driver {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn chromedriver() -> Driver {
+    let bin = std::env::var("HOOKLINE_TEST_CHROMEDRIVER").unwrap_or_else(|_| "chromedriver".into());
+    let port = TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port();
+    let child = Command::new(&bin)
+        .arg(format!("--port={port}"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap_or_else(|e| {
+            panic!(
+                "cannot start `{bin}` ({e}): the browser test needs Debian's chromium and \
+                 chromium-driver (`apt-get install chromium chromium-driver`; .ci/run installs them)"
+            )
+        });
+    Driver {
+        child,
+        url: format!("http://127.0.0.1:{port}"),
+    }
+}
+
+async fn browser(driver: &Driver) -> Client {
+    let mut caps = serde_json::Map::new();
+    caps.insert(
+        "goog:chromeOptions".into(),
+        json!({
+            "args": ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                     "--window-size=1280,1000"]
+        }),
+    );
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        match ClientBuilder::native()
+            .capabilities(caps.clone())
+            .connect(&driver.url)
+            .await
+        {
+            Ok(c) => return c,
+            Err(e) if Instant::now() < deadline => {
+                let _ = e;
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            Err(e) => panic!(
+                "no webdriver session from chromedriver at {}: {e}",
+                driver.url
+            ),
+        }
+    }
+}
+
+async fn screenshot(c: &Client, name: &str) {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/screenshots");
+    std::fs::create_dir_all(&dir).expect("screenshot dir");
+    let png = c.screenshot().await.expect("screenshot");
+    std::fs::write(dir.join(format!("{name}.png")), png).expect("screenshot written");
+}
+
+async fn text_of(c: &Client, css: &str) -> String {
+    c.wait()
+        .at_most(Duration::from_secs(30))
+        .for_element(Locator::Css(css))
+        .await
+        .unwrap_or_else(|e| panic!("`{css}` on the page: {e}"))
+        .text()
+        .await
+        .expect("text")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_signs_in_sees_the_dead_warning_and_replays_from_the_browser() {
+    require_kafka();
+    let driver = chromedriver();
+    let rx = Receiver::start().await;
+    rx.default("acme", Behavior::Status(500));
+    let prefix = unique_prefix("browser");
+    let config = test_config(
+        &prefix,
+        &format!(
+            "[retry]\nschedule = [\"0s\"]\n{}\
+             [[endpoints]]\nid = \"acme-orders\"\nurl = \"{}\"\ntenant = \"acme\"\n\
+             [[endpoints]]\nid = \"globex-billing\"\nurl = \"{}\"\ntenant = \"globex\"\n",
+            admin_section(),
+            rx.url("acme"),
+            rx.url("globex")
+        ),
+    );
+    apply_topics(&config).await;
+    let stages = [start_deduper(&config), start_dispatcher(&config)];
+    let admin = Admin::start(&config).await;
+    let published = reqwest::Client::new()
+        .post(admin.url("/v1/events"))
+        .bearer_auth(ADMIN_TOKEN)
+        .json(&json!({"type": "order.paid", "tenant": "acme", "data": {"order": 7}}))
+        .send()
+        .await
+        .expect("published");
+    assert_eq!(published.status(), reqwest::StatusCode::ACCEPTED);
+    rx.wait_for("acme", 1, Duration::from_secs(60)).await;
+
+    let c = browser(&driver).await;
+    // Sign in with acme's token.
+    c.goto(&admin.url("/")).await.expect("open");
+    c.wait()
+        .at_most(Duration::from_secs(10))
+        .for_element(Locator::Id("token"))
+        .await
+        .expect("redirected to the login page")
+        .send_keys(ACME_TOKEN)
+        .await
+        .expect("type the token");
+    c.find(Locator::Id("sign-in"))
+        .await
+        .expect("sign-in button")
+        .click()
+        .await
+        .expect("sign in");
+
+    // The warning appears once the dead letter is on the DLQ (reload until then).
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        if c.find(Locator::Css("div.warn[data-endpoint='acme-orders']"))
+            .await
+            .is_ok()
+        {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no dead-delivery warning for acme-orders"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        c.refresh().await.expect("reload");
+    }
+    screenshot(&c, "1-endpoints-with-dead-warning").await;
+    let page = c.source().await.expect("source");
+    assert!(page.contains("acme-orders"));
+    assert!(
+        !page.contains("globex"),
+        "a tenant token never sees another tenant's endpoint"
+    );
+    assert!(page.contains("signed in: tenant acme"));
+    // Another tenant's endpoint page is not found.
+    c.goto(&admin.url("/ui/endpoints/globex-billing"))
+        .await
+        .expect("open");
+    assert!(text_of(&c, "#problem").await.contains("no such item"));
+
+    // Follow the warning to the dead letters, open the one, replay it.
+    c.goto(&admin.url("/")).await.expect("open");
+    c.find(Locator::Css("div.warn[data-endpoint='acme-orders'] a"))
+        .await
+        .expect("warning link")
+        .click()
+        .await
+        .expect("follow");
+    c.wait()
+        .at_most(Duration::from_secs(30))
+        .for_element(Locator::Css("table#dead tr[data-position] a"))
+        .await
+        .expect("a dead letter row")
+        .click()
+        .await
+        .expect("open it");
+    assert_eq!(text_of(&c, "#replayed").await, "not yet");
+    assert!(c
+        .source()
+        .await
+        .expect("source")
+        .contains("Replay sends it once more"));
+    screenshot(&c, "2-dead-letter").await;
+    rx.default("acme", Behavior::Status(204));
+    c.find(Locator::Id("replay"))
+        .await
+        .expect("Replay button")
+        .click()
+        .await
+        .expect("click Replay");
+    let summary = text_of(&c, "#replay-summary").await;
+    assert!(summary.contains("1 delivered"), "{summary}");
+    screenshot(&c, "3-replayed").await;
+    let got = rx.wait_for("acme", 2, Duration::from_secs(30)).await;
+    assert_eq!(got.len(), 2, "the failed attempt, then the replay");
+    assert_eq!(
+        got[0].headers.get("webhook-id"),
+        got[1].headers.get("webhook-id")
+    );
+
+    c.close().await.expect("close the browser");
+    admin.stop().await;
+    for s in stages {
+        s.stop().await.expect("clean stop");
+    }
+}
