@@ -67,9 +67,14 @@ done
 # and the always-down endpoint makes dead letters after its last attempt (+30 s).
 "$bin" --config "$config" demo produce --count 50 --duplicate-rate 0.3 --rate 10 --watch || true
 
+# `run all` prints the admin URL and a fresh dev token (loopback only) on its stdout.
+admin_token=$(grep -o 'dev token (loopback only, new at every start): [^ ]*' "$pipeline_log" | awk '{print $NF}' | tail -1)
 cat <<EOF
 
 --- the demo keeps running
+  dashboard:        http://127.0.0.1:8090/   (sign in with the token below)
+  admin API:        curl -H "Authorization: Bearer $admin_token" http://127.0.0.1:8090/v1/dead-letters
+  admin token:      $admin_token   (a dev token: new at every start, loopback only)
   receiver log:     tail -f $receiver_log   (fresh deliveries, duplicates, 503s then retries)
   pipeline log:     tail -f $pipeline_log
   more events:      $bin --config $config demo produce --watch [--count 100 --rate 20]

@@ -230,7 +230,7 @@ async fn demo_produce_watch_waits_for_deliveries_and_dead_letters_then_prints_th
         &config,
         format!(
             "[kafka]\nbootstrap_servers = \"{bs}\"\n[topics]\nprefix = \"{prefix}\"\npartitions = 3\n\
-             [server]\nlisten = \"127.0.0.1:0\"\n[http]\nallow_cidrs = [\"127.0.0.0/8\"]\n\
+             [server]\nlisten = \"127.0.0.1:0\"\n[admin]\nlisten = \"127.0.0.1:0\"\n[http]\nallow_cidrs = [\"127.0.0.0/8\"]\n\
              [log]\nformat = \"json\"\n{schedule}\
              [[endpoints]]\nid = \"demo\"\nurl = \"{url}\"\nsecrets = [\"{SECRET}\"]\n\
              [[endpoints]]\nid = \"always-down\"\nurl = \"http://127.0.0.1:9/webhooks\"\nevent_types = [\"order.*\"]\n",

@@ -205,7 +205,7 @@ fn tls_config(prefix: &str, url: &str) -> PathBuf {
         &path,
         format!(
             "[kafka]\nbootstrap_servers = \"{bs}\"\n[topics]\nprefix = \"{prefix}\"\npartitions = 3\n\
-             [server]\nlisten = \"127.0.0.1:0\"\n[http]\nallow_cidrs = [\"127.0.0.0/8\"]\n\
+             [server]\nlisten = \"127.0.0.1:0\"\n[admin]\nlisten = \"127.0.0.1:0\"\n[http]\nallow_cidrs = [\"127.0.0.0/8\"]\n\
              [retry]\nschedule = [\"0s\", \"60s\"]\n\
              [[endpoints]]\nid = \"company\"\nurl = \"{url}\"\n",
             bs = bootstrap()
@@ -456,7 +456,7 @@ async fn alerts_and_dashboard_use_only_metrics_the_binary_exports_after_traffic(
         &config_path,
         format!(
             "[kafka]\nbootstrap_servers = \"{bs}\"\n[topics]\nprefix = \"{prefix}\"\npartitions = 3\n\
-             [server]\nlisten = \"127.0.0.1:0\"\n[http]\nallow_cidrs = [\"127.0.0.0/8\"]\n\
+             [server]\nlisten = \"127.0.0.1:0\"\n[admin]\nlisten = \"127.0.0.1:0\"\n[http]\nallow_cidrs = [\"127.0.0.0/8\"]\n\
              [log]\nformat = \"json\"\n{schedule}\
              [[endpoints]]\nid = \"demo\"\nurl = \"http://{addr}/webhooks\"\nsecrets = [\"{secret}\"]\n\
              [[endpoints]]\nid = \"refused\"\nurl = \"http://127.0.0.1:1/webhooks\"\nevent_types = [\"order.*\"]\n",

@@ -298,7 +298,7 @@ pub fn write_config(prefix: &str, kafka_extra: &str) -> std::path::PathBuf {
         &path,
         format!(
             "[kafka]\nbootstrap_servers = \"{}\"\n{kafka_extra}\n[topics]\nprefix = \"{prefix}\"\npartitions = 3\n\
-             [server]\nlisten = \"127.0.0.1:0\"\n[log]\nlevel = \"info\"\n",
+             [server]\nlisten = \"127.0.0.1:0\"\n[admin]\nlisten = \"127.0.0.1:0\"\n[log]\nlevel = \"info\"\n",
             bootstrap()
         ),
     )
