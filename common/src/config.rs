@@ -69,6 +69,9 @@ pub struct Config {
     pub log: LogConfig,
     #[serde(default)]
     pub endpoints: Vec<EndpointConfig>,
+    /// The control plane (`[control]`, see `control_config.rs`).
+    #[serde(default)]
+    pub control: crate::control_config::ControlConfig,
     /// Kubernetes service-link variables (`HOOKLINE_SERVICE_HOST`, …) that were ignored, sorted;
     /// not configuration: the binary names them in one log line at startup.
     #[serde(skip)]
@@ -597,6 +600,7 @@ impl Config {
                 "must be at least 1",
             ));
         }
+        self.control.validate()?;
         self.validate_endpoints()
     }
 
@@ -755,6 +759,7 @@ fn is_reserved_env(key: &str) -> bool {
         || key == "HOOKLINE_DEMO"
         || key.starts_with("HOOKLINE_TEST_")
         || key.starts_with("HOOKLINE_BENCH_")
+        || crate::control_config::is_reserved_env(key)
 }
 
 /// Whether `key` is a variable Kubernetes injects for a Service named `hookline` or
@@ -802,6 +807,7 @@ const OVERRIDE_SECTIONS: &[&str] = &[
     "dispatcher",
     "server",
     "log",
+    "control",
 ];
 
 /// The override a single-underscore variable most likely meant:

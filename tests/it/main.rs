@@ -2,6 +2,7 @@
 //! concern; every test uses its own topic prefix so they run in parallel.
 
 mod bench;
+mod control;
 mod dedupe;
 mod demo;
 mod deploy;
