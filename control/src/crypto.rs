@@ -264,15 +264,11 @@ mod tests {
 
     #[test]
     fn bad_keys_name_the_variable_and_debug_shows_ids_only() {
-        let err = Keyring::from_base64(Some("c2hvcnQ="), &[])
-            .err()
-            .expect("short");
+        let err = Keyring::from_base64(Some("c2hvcnQ="), &[]).expect_err("short");
         assert!(err.to_string().contains("HOOKLINE_SECRETS_KEY"), "{err}");
         assert!(err.to_string().contains("32 bytes"), "{err}");
         let key = Keyring::generate_key();
-        let err = Keyring::from_base64(Some(&key), &["!!"])
-            .err()
-            .expect("bad old");
+        let err = Keyring::from_base64(Some(&key), &["!!"]).expect_err("bad old");
         assert!(
             err.to_string().contains("HOOKLINE_SECRETS_OLD_KEYS[0]"),
             "{err}"

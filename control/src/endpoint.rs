@@ -349,7 +349,8 @@ mod tests {
     #[test]
     fn validation_is_the_config_files() {
         assert_eq!(validate(&def()), Ok(()));
-        let cases: Vec<(Box<dyn Fn(&mut EndpointConfig)>, &str)> = vec![
+        type Edit = Box<dyn Fn(&mut EndpointConfig)>;
+        let cases: Vec<(Edit, &str)> = vec![
             (Box::new(|d| d.url = "ftp://x".into()), "url"),
             (Box::new(|d| d.url = "https://u:p@x".into()), "url"),
             (Box::new(|d| d.id = "has space".into()), "id"),

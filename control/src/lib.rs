@@ -12,23 +12,23 @@
 //!   and the DLQ, auto-disables; [`operational`]: events on `<p>.operational`.
 //! - [`tail`]: reading topics by assignment (no group) with positions to wait on.
 //! - [`cli`]: `hookline endpoints …` and `hookline trace`; [`table`]: aligned output.
-//! - [`metrics`]: `hookline_control_*`.
+//! - [`metrics`]: the `hookline_control_*` families.
 
-//TMP pub mod attempts;
-//TMP pub mod cli;
+pub mod attempts;
+pub mod cli;
 pub mod crypto;
 pub mod endpoint;
-//TMP pub mod health;
+pub mod health;
 pub mod metrics;
 pub mod operational;
 pub mod ops;
 pub mod record;
 pub mod registry;
 pub mod seed;
-//TMP pub mod table;
+pub mod table;
 pub mod tail;
-//TMP pub mod trace;
-//TMP pub mod tracker;
+pub mod trace;
+pub mod tracker;
 pub(crate) mod writer;
 
 pub use crypto::Keyring;

@@ -144,7 +144,7 @@ impl Registry {
                     problem: None,
                     needs_reencryption: false,
                 };
-                Ok((Change::Put(e), None))
+                Ok((Change::Put(Box::new(e)), None))
             })
             .await;
         self.counted("create", op)
@@ -180,7 +180,7 @@ impl Registry {
                 if next == *e {
                     return Ok((Change::Nothing, None));
                 }
-                Ok((Change::Put(bumped(next, now)), None))
+                Ok((Change::Put(Box::new(bumped(next, now))), None))
             })
             .await;
         self.counted("update", op)
@@ -202,7 +202,7 @@ impl Registry {
                 let mut next = e.clone();
                 next.enabled = enabled;
                 next.disabled_reason = (!enabled).then(|| "manual".to_string());
-                Ok((Change::Put(bumped(next, now)), None))
+                Ok((Change::Put(Box::new(bumped(next, now))), None))
             })
             .await;
         self.counted(if enabled { "enable" } else { "disable" }, op)
@@ -246,7 +246,7 @@ impl Registry {
                 let e = editable(id, current, expected)?;
                 let mut next = e.clone();
                 next.secrets = rotated(&e.secrets, new.clone(), now, grace);
-                Ok((Change::Put(bumped(next, now)), None))
+                Ok((Change::Put(Box::new(bumped(next, now))), None))
             })
             .await;
         self.counted("rotate_secret", op)
@@ -269,7 +269,7 @@ impl Registry {
             let op = self
                 .write(&id, |current, now| match current {
                     Some(e) if e.needs_reencryption && e.problem.is_none() => {
-                        Ok((Change::Put(bumped(e.clone(), now)), None))
+                        Ok((Change::Put(Box::new(bumped(e.clone(), now))), None))
                     }
                     _ => Ok((Change::Nothing, None)),
                 })
@@ -303,7 +303,10 @@ impl Registry {
                 next.enabled = false;
                 next.disabled_reason = Some(event.reason.clone());
                 wrote = true;
-                Ok((Change::Put(bumped(next, now)), Some(event.clone())))
+                Ok((
+                    Change::Put(Box::new(bumped(next, now))),
+                    Some(event.clone()),
+                ))
             })
             .await;
         self.count("auto_disable", op)?;

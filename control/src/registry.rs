@@ -25,7 +25,7 @@ use crate::crypto::Keyring;
 use crate::endpoint::{Endpoint, EndpointSet};
 use crate::metrics::RegistryMetrics;
 use crate::record::EndpointRecord;
-use crate::tail::{Positions, StartAt, Tail};
+use crate::tail::{covers, Positions, Source, StartAt, Tail};
 use crate::writer::Writer;
 
 /// Longest [`Registry::start`] waits to read the topic to its end.
@@ -75,8 +75,12 @@ impl Registry {
     ) -> anyhow::Result<Registry> {
         let topic = Topics::new(&config.topics.prefix).endpoints();
         let metrics = RegistryMetrics::register(registry)?;
-        let (tail, ends) =
-            Tail::open(config, "endpoints", &[(topic.clone(), StartAt::Beginning)]).await?;
+        let (tail, ends) = Tail::open(
+            config,
+            "endpoints",
+            &[Source::all(&topic, StartAt::Beginning)],
+        )
+        .await?;
         let keyring = Arc::new(keyring);
         let (tx, rx) = watch::channel(Snapshot::default());
         let task = tokio::spawn(apply_loop(
@@ -175,11 +179,6 @@ impl Registry {
     pub fn keyring(&self) -> &Keyring {
         &self.inner.keyring
     }
-}
-
-fn covers(positions: &Positions, ends: &Positions) -> bool {
-    ends.iter()
-        .all(|(k, end)| positions.get(k).is_some_and(|at| at >= end))
 }
 
 /// Reads the topic for as long as the registry lives, applying records and publishing.

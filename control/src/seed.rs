@@ -83,7 +83,7 @@ pub async fn seed(registry: &Registry, file: &[EndpointConfig]) -> Result<Vec<St
                     return Ok::<_, WriteError>((Change::Nothing, None));
                 }
                 wrote = true;
-                Ok((Change::Put(from_file(d, current, now)), None))
+                Ok((Change::Put(Box::new(from_file(d, current, now))), None))
             })
             .await?;
         if wrote {

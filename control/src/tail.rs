@@ -37,6 +37,26 @@ pub enum StartAt {
     Time(i64),
 }
 
+/// One topic to read.
+#[derive(Debug, Clone)]
+pub struct Source {
+    pub topic: String,
+    pub start: StartAt,
+    /// Only this partition (all when `None`).
+    pub only_partition: Option<i32>,
+}
+
+impl Source {
+    /// Every partition of `topic` from `start`.
+    pub fn all(topic: impl Into<String>, start: StartAt) -> Source {
+        Source {
+            topic: topic.into(),
+            start,
+            only_partition: None,
+        }
+    }
+}
+
 struct QuietContext;
 
 impl ClientContext for QuietContext {
@@ -61,7 +81,7 @@ impl Tail {
     pub async fn open(
         config: &Config,
         name: &str,
-        topics: &[(String, StartAt)],
+        topics: &[Source],
     ) -> anyhow::Result<(Tail, Positions)> {
         // librdkafka wants a group id even for `assign`; this one never joins and never commits.
         let consumer: StreamConsumer<QuietContext> = base_config(config)
@@ -138,14 +158,30 @@ impl Tail {
     }
 }
 
-/// Resolves once `positions` reached every offset in `ends`.
-pub async fn reached(rx: &mut watch::Receiver<Positions>, ends: &Positions) -> bool {
-    rx.wait_for(|p| {
-        ends.iter()
-            .all(|(k, end)| p.get(k).is_some_and(|at| at >= end))
-    })
-    .await
-    .is_ok()
+/// [`retry_transient`], also riding out the seconds after a topic was created, when its
+/// partitions may still be unknown to the broker answering.
+fn retry<T>(op: &str, mut call: impl FnMut() -> Result<T, KafkaError>) -> Result<T, KafkaError> {
+    use rdkafka::types::RDKafkaErrorCode as C;
+    let started = std::time::Instant::now();
+    loop {
+        match retry_transient(op, &mut call) {
+            Err(e)
+                if matches!(
+                    e.rdkafka_error_code(),
+                    Some(C::UnknownPartition | C::UnknownTopicOrPartition | C::UnknownTopic)
+                ) && started.elapsed() < TIMEOUT =>
+            {
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            other => return other,
+        }
+    }
+}
+
+/// Whether `positions` reached every offset in `ends`.
+pub fn covers(positions: &Positions, ends: &Positions) -> bool {
+    ends.iter()
+        .all(|(k, end)| positions.get(k).is_some_and(|at| at >= end))
 }
 
 /// The high watermarks of every partition of `topic` now.
@@ -170,7 +206,7 @@ fn partitions<C: ConsumerContext>(
     consumer: &rdkafka::consumer::BaseConsumer<C>,
     topic: &str,
 ) -> anyhow::Result<Vec<i32>> {
-    let md = retry_transient(&format!("metadata of {topic}"), || {
+    let md = retry(&format!("metadata of {topic}"), || {
         consumer.fetch_metadata(Some(topic), TIMEOUT)
     })
     .with_context(|| format!("reading the metadata of {topic}"))?;
@@ -192,7 +228,7 @@ fn watermarks<C: ConsumerContext>(
     topic: &str,
     p: i32,
 ) -> anyhow::Result<(i64, i64)> {
-    retry_transient(&format!("watermarks of {topic}[{p}]"), || {
+    retry(&format!("watermarks of {topic}[{p}]"), || {
         consumer.fetch_watermarks(topic, p, TIMEOUT)
     })
     .with_context(|| format!("watermarks of {topic}[{p}]"))
@@ -201,13 +237,18 @@ fn watermarks<C: ConsumerContext>(
 /// The assignment, the start positions and the ends.
 fn plan(
     consumer: &StreamConsumer<QuietContext>,
-    topics: &[(String, StartAt)],
+    topics: &[Source],
 ) -> anyhow::Result<(TopicPartitionList, Positions, Positions)> {
     let base = consumer.client();
     let mut tpl = TopicPartitionList::new();
     let (mut starts, mut ends) = (Positions::new(), Positions::new());
-    for (topic, start) in topics {
-        let md = retry_transient(&format!("metadata of {topic}"), || {
+    for Source {
+        topic,
+        start,
+        only_partition,
+    } in topics
+    {
+        let md = retry(&format!("metadata of {topic}"), || {
             base.fetch_metadata(Some(topic), TIMEOUT)
         })
         .with_context(|| format!("reading the metadata of {topic}"))?;
@@ -221,6 +262,11 @@ fn plan(
             !ps.is_empty(),
             "topic {topic} does not exist: run `hookline topics apply` first"
         );
+        let ps: Vec<i32> = match only_partition {
+            Some(p) if ps.contains(p) => vec![*p],
+            Some(p) => anyhow::bail!("topic {topic} has no partition {p}"),
+            None => ps,
+        };
         let by_time = match start {
             StartAt::Time(ms) => {
                 let mut q = TopicPartitionList::new();
@@ -228,7 +274,7 @@ fn plan(
                     q.add_partition_offset(topic, *p, Offset::Offset(*ms))?;
                 }
                 Some(
-                    retry_transient(&format!("offsets for times on {topic}"), || {
+                    retry(&format!("offsets for times on {topic}"), || {
                         consumer.offsets_for_times(q.clone(), TIMEOUT)
                     })
                     .with_context(|| format!("finding where to start on {topic}"))?,
@@ -237,7 +283,7 @@ fn plan(
             StartAt::Beginning => None,
         };
         for p in ps {
-            let (low, high) = retry_transient(&format!("watermarks of {topic}[{p}]"), || {
+            let (low, high) = retry(&format!("watermarks of {topic}[{p}]"), || {
                 base.fetch_watermarks(topic, p, TIMEOUT)
             })
             .with_context(|| format!("watermarks of {topic}[{p}]"))?;

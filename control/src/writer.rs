@@ -41,7 +41,7 @@ const TRIES: u32 = 5;
 pub(crate) enum Change {
     /// Nothing to write (the state already is what was asked).
     Nothing,
-    Put(Endpoint),
+    Put(Box<Endpoint>),
     Delete,
 }
 

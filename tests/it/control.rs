@@ -79,38 +79,41 @@ async fn registry_writes_reach_a_second_process_with_concurrency_and_file_rules(
     drop(again);
 
     // Create on A, visible on B; measure the propagation delay of each kind of write.
-    let mut delays = Vec::new();
-    let created = a
-        .create(def("crm", "https://crm.example/a"))
-        .await
-        .expect("create");
-    assert_eq!(created.version, 1);
-    delays.push(visible(&b, "create", |r| r.get("crm").is_some()).await);
+    // Each entry: (the write's own latency, call → visible on the other process).
+    let mut delays: Vec<(Duration, Duration)> = Vec::new();
+    let t0 = Instant::now();
+    let (created, seen) = tokio::join!(
+        async {
+            let r = a.create(def("crm", "https://crm.example/a")).await;
+            (r, t0.elapsed())
+        },
+        visible(&b, "create", |r| r.get("crm").is_some())
+    );
+    let (created, took) = created;
+    assert_eq!(created.expect("create").version, 1);
+    delays.push((took, seen));
     let dup = a.create(def("crm", "https://crm.example/a")).await;
     assert!(
         matches!(dup, Err(WriteError::AlreadyExists { .. })),
         "{dup:?}"
     );
 
-    let updated = b
-        .update(
-            "crm",
-            EndpointUpdate {
+    let t0 = Instant::now();
+    let (updated, seen) = tokio::join!(
+        async {
+            let change = EndpointUpdate {
                 url: Some("https://crm.example/b".into()),
                 ..Default::default()
-            },
-            Some(1),
-        )
-        .await
-        .expect("update on B");
-    assert_eq!(updated.version, 2);
-    delays.push(
+            };
+            (b.update("crm", change, Some(1)).await, t0.elapsed())
+        },
         visible(&a, "update", |r| {
             r.get("crm")
                 .is_some_and(|e| e.url == "https://crm.example/b")
         })
-        .await,
     );
+    assert_eq!(updated.0.expect("update on B").version, 2);
+    delays.push((updated.1, seen));
     // A stale version is a conflict; a bad field is named.
     let stale = a.set_enabled("crm", false, Some(1)).await;
     assert!(
@@ -139,8 +142,13 @@ async fn registry_writes_reach_a_second_process_with_concurrency_and_file_rules(
         other => panic!("expected an invalid url, got {other:?}"),
     }
 
-    a.set_enabled("crm", false, Some(2)).await.expect("disable");
-    delays.push(visible(&b, "disable", |r| r.get("crm").is_some_and(|e| !e.enabled)).await);
+    let t0 = Instant::now();
+    let (disabled, seen) = tokio::join!(
+        async { (a.set_enabled("crm", false, Some(2)).await, t0.elapsed()) },
+        visible(&b, "disable", |r| r.get("crm").is_some_and(|e| !e.enabled))
+    );
+    disabled.0.expect("disable");
+    delays.push((disabled.1, seen));
     assert!(!b.current().configs_at(now_ms())[0..]
         .iter()
         .any(|c| c.id == "crm" && c.enabled));
@@ -192,12 +200,10 @@ async fn registry_writes_reach_a_second_process_with_concurrency_and_file_rules(
         1,
         "old one expired"
     );
-    delays.push(
-        visible(&b, "rotate", |r| {
-            r.get("crm").is_some_and(|e| e.secrets.len() == 2)
-        })
-        .await,
-    );
+    visible(&b, "rotate", |r| {
+        r.get("crm").is_some_and(|e| e.secrets.len() == 2)
+    })
+    .await;
 
     // On the topic, secrets are sealed: no plaintext, a key id, and a record per write.
     let topic = format!("{prefix}.endpoints");
@@ -216,17 +222,31 @@ async fn registry_writes_reach_a_second_process_with_concurrency_and_file_rules(
     }
 
     // Delete: a tombstone; gone on both.
-    a.delete("crm", None).await.expect("delete");
-    delays.push(visible(&b, "delete", |r| r.get("crm").is_none()).await);
+    let t0 = Instant::now();
+    let (deleted, seen) = tokio::join!(
+        async { (a.delete("crm", None).await, t0.elapsed()) },
+        visible(&b, "delete", |r| r.get("crm").is_none())
+    );
+    deleted.0.expect("delete");
+    delays.push((deleted.1, seen));
     let missing = a.delete("crm", None).await;
     assert!(
         matches!(missing, Err(WriteError::NotFound { .. })),
         "{missing:?}"
     );
 
-    let ms: Vec<u128> = delays.iter().map(Duration::as_millis).collect();
-    println!("registry propagation delay (write acknowledged on A → visible on B), ms: {ms:?}");
-    assert!(delays.iter().all(|d| *d < Duration::from_secs(5)), "{ms:?}");
+    let ms: Vec<(u128, u128)> = delays
+        .iter()
+        .map(|(w, v)| (w.as_millis(), v.as_millis()))
+        .collect();
+    println!(
+        "registry (create, update, disable, delete): (write call → returned, write call → \
+         visible on the other process) ms: {ms:?}"
+    );
+    assert!(
+        delays.iter().all(|(_, v)| *v < Duration::from_secs(5)),
+        "{ms:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
