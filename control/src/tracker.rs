@@ -82,12 +82,14 @@ impl Health {
             attempts: config.control.health_window_attempts,
         };
         let state = Arc::new(Mutex::new(State::default()));
-        let positions = tail.positions();
+        // Positions of what is applied to `state` (the tail's own run ahead of it).
+        let (applied, positions) = watch::channel(Positions::new());
         let mut tasks = vec![tokio::spawn(read_loop(
             tail,
             state.clone(),
             t.dlq(),
             window,
+            applied,
         ))];
         let health_metrics = HealthMetrics::register(metrics)?;
         if let (Some(registry), Some(after)) = (registry, config.control.auto_disable_after) {
@@ -150,9 +152,30 @@ impl Health {
     }
 }
 
-async fn read_loop(tail: Tail, state: Arc<Mutex<State>>, dlq: String, window: Window) {
+async fn read_loop(
+    tail: Tail,
+    state: Arc<Mutex<State>>,
+    dlq: String,
+    window: Window,
+    applied: watch::Sender<Positions>,
+) {
+    let read = tail.positions();
     loop {
-        let Some(m) = tail.next().await else { continue };
+        let next = tail.next().await;
+        if let Some(m) = &next {
+            apply(m, &state, &dlq, &window);
+        }
+        let now = read.borrow().clone();
+        applied.send_if_modified(|p| {
+            let changed = *p != now;
+            *p = now;
+            changed
+        });
+    }
+}
+
+fn apply(m: &rdkafka::message::OwnedMessage, state: &Mutex<State>, dlq: &str, window: &Window) {
+    {
         if m.topic() == dlq {
             let endpoint = m.headers().and_then(|hs| {
                 hs.iter()
@@ -162,16 +185,16 @@ async fn read_loop(tail: Tail, state: Arc<Mutex<State>>, dlq: String, window: Wi
                     .map(str::to_string)
             });
             if let Some(id) = endpoint {
-                *lock(&state).dead.entry(id).or_default() += 1;
+                *lock(state).dead.entry(id).or_default() += 1;
             }
-            continue;
+            return;
         }
         match serde_json::from_slice::<Attempt>(m.payload().unwrap_or_default()) {
-            Ok(a) => lock(&state)
+            Ok(a) => lock(state)
                 .endpoints
                 .entry(a.endpoint_id.clone())
                 .or_default()
-                .observe(&a, &window),
+                .observe(&a, window),
             Err(e) => {
                 tracing::debug!(offset = m.offset(), error = %e, "unreadable delivery log record")
             }
