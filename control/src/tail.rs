@@ -24,7 +24,7 @@ use hookline_common::kafka::{base_config, retry_transient};
 
 const TIMEOUT: Duration = Duration::from_secs(10);
 /// How often an idle tail refreshes its positions (they move past transaction markers).
-const IDLE_TICK: Duration = Duration::from_millis(50);
+const IDLE_TICK: Duration = Duration::from_millis(10);
 
 /// (topic, partition) → next offset to read.
 pub type Positions = BTreeMap<(String, i32), i64>;

@@ -2,7 +2,7 @@
 //! database: every writer uses the same transactional id, so a writer's `init_transactions`
 //! fences whichever writer initialised before it. A write then
 //!
-//! 1. makes sure this process holds a live (unfenced) transactional producer,
+//! 1. initialises a fresh transactional producer (fencing every writer initialised before),
 //! 2. reads the registry up to the topic's end (watermarks fetched *after* it was initialised),
 //! 3. decides on that state (expected version, file-managed, …) what to write,
 //! 4. writes it in a transaction (with an operational event on `<p>.operational` if any) and
@@ -45,17 +45,15 @@ pub(crate) enum Change {
     Delete,
 }
 
-/// The transactional producer of this process (none until the first write).
+/// The writer of this process: its transactional id, behind the mutex that serialises writes.
 pub(crate) struct Writer {
     transactional_id: String,
-    producer: Option<Arc<FutureProducer>>,
 }
 
 impl Writer {
     pub(crate) fn new(config: &Config) -> Writer {
         Writer {
             transactional_id: config.group_id("control.endpoints-writer"),
-            producer: None,
         }
     }
 }
@@ -79,7 +77,7 @@ impl Registry {
         mut decide: impl FnMut(Option<&Endpoint>, i64) -> Result<(Change, Option<OperationalEvent>), E>,
     ) -> Result<Option<Endpoint>, E> {
         let inner = &self.inner;
-        let mut writer = inner.writer.lock().await;
+        let writer = inner.writer.lock().await;
         let mut last_error = None;
         for attempt in 0..TRIES {
             if attempt > 0 {
@@ -87,7 +85,7 @@ impl Registry {
                 let jitter = rand::random::<u64>() % (100 << attempt);
                 tokio::time::sleep(Duration::from_millis((50 << attempt) + jitter)).await;
             }
-            let producer = match ensure_producer(&inner.config, &mut writer).await {
+            let producer = match fresh_producer(&inner.config, &writer.transactional_id).await {
                 Ok(p) => p,
                 Err(e) => {
                     last_error = Some(e);
@@ -115,7 +113,19 @@ impl Registry {
                 ),
                 Change::Delete => None,
             };
-            match transact(&inner.config, &producer, &inner.topic, id, value, event).await {
+            let written = transact(&inner.config, &producer, &inner.topic, id, value, event).await;
+            if written.is_err() {
+                // An open transaction would hold every reader's position until it timed out.
+                let p = producer.clone();
+                let _ = blocking("abort_transaction", move || {
+                    p.abort_transaction(TXN_TIMEOUT)
+                })
+                .await;
+            }
+            // One producer per write: the next write initialises anew (fencing whoever wrote
+            // in between) instead of discovering on commit that it was fenced.
+            let _ = tokio::task::spawn_blocking(move || drop(producer)).await;
+            match written {
                 Ok(end) => {
                     let mut wanted = crate::tail::Positions::new();
                     wanted.insert((inner.topic.clone(), end.0), end.1 + 1);
@@ -131,13 +141,8 @@ impl Registry {
                         error = format!("{e:#}"),
                         "endpoint registry write not committed; retrying"
                     );
-                    // A fenced or failed producer is not reused: the next try initialises anew.
-                    if let Some(p) = writer.producer.take() {
-                        let _ = blocking("abort_transaction", move || {
-                            p.abort_transaction(TXN_TIMEOUT)
-                        })
-                        .await;
-                    }
+                    // Not committed (aborted above, else by the next writer's initialisation);
+                    // the next try initialises anew.
                     last_error = Some(e);
                 }
             }
@@ -149,17 +154,20 @@ impl Registry {
     }
 }
 
-async fn ensure_producer(
+/// A transactional producer, initialised: from here on, every writer that initialised before is
+/// fenced.
+async fn fresh_producer(
     config: &Config,
-    writer: &mut Writer,
+    transactional_id: &str,
 ) -> anyhow::Result<Arc<FutureProducer>> {
-    if let Some(p) = &writer.producer {
-        return Ok(p.clone());
-    }
     let producer: FutureProducer = producer_config(config)
-        .set("transactional.id", &writer.transactional_id)
+        .set("transactional.id", transactional_id)
         .set("transaction.timeout.ms", "30000")
         .set("linger.ms", "0")
+        // Initialising right after another writer's commit is answered "concurrent
+        // transactions" until its markers are written: retry soon rather than after 500 ms.
+        .set("retry.backoff.ms", "10")
+        .set("retry.backoff.max.ms", "50")
         .create()
         .context("creating the endpoint registry's writer")?;
     let producer = Arc::new(producer);
@@ -168,7 +176,6 @@ async fn ensure_producer(
         p.init_transactions(TXN_TIMEOUT)
     })
     .await?;
-    writer.producer = Some(producer.clone());
     Ok(producer)
 }
 
