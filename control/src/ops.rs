@@ -186,6 +186,36 @@ impl Registry {
         self.counted("update", op)
     }
 
+    /// Creates the endpoint, or replaces its definition (`url`, `tenant`, `event_types`,
+    /// `enabled`, `timeout`, `max_concurrency`; secrets are kept — they change through
+    /// [`Registry::rotate_secret`]): the admin API's `PUT`. `expected` applies to an existing one.
+    pub async fn put(
+        &self,
+        def: EndpointConfig,
+        expected: Option<u64>,
+    ) -> Result<Endpoint, WriteError> {
+        check(&def)?;
+        if self.get(&def.id).is_none() && expected.is_none_or(|v| v == 0) {
+            match self.create(def.clone()).await {
+                Err(WriteError::AlreadyExists { .. }) => {}
+                other => return other,
+            }
+        }
+        let change = EndpointUpdate {
+            url: Some(def.url.clone()),
+            tenant: Some(def.tenant.clone()),
+            event_types: Some(def.event_types.clone()),
+            timeout: Some(def.timeout),
+            max_concurrency: Some(def.max_concurrency),
+        };
+        let updated = self.update(&def.id, change, expected).await?;
+        if updated.enabled == def.enabled {
+            return Ok(updated);
+        }
+        self.set_enabled(&def.id, def.enabled, Some(updated.version))
+            .await
+    }
+
     /// Enables or disables an API-managed endpoint (a no-op if it already is).
     pub async fn set_enabled(
         &self,

@@ -224,6 +224,18 @@ async fn registry_writes_reach_a_second_process_with_concurrency_and_file_rules(
         );
     }
 
+    // PUT semantics: replaces the definition of an existing endpoint, creates a missing one.
+    let mut full = def("crm", "https://crm.example/put");
+    full.secrets.clear();
+    let put = a.put(full, None).await.expect("put existing");
+    assert_eq!(put.url, "https://crm.example/put");
+    assert_eq!(put.secrets.len(), 2, "secrets are kept by put");
+    let fresh = a
+        .put(def("crm-2", "https://crm.example/2"), None)
+        .await
+        .expect("put new");
+    assert_eq!(fresh.version, 1);
+
     // Delete: a tombstone; gone on both.
     let t0 = Instant::now();
     let (deleted, seen) = tokio::join!(
