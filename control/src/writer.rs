@@ -71,7 +71,7 @@ async fn blocking<T: Send + 'static>(
 impl Registry {
     /// Decides on the current state of endpoint `id` and writes the outcome; returns the
     /// endpoint after the write (`None`: deleted or absent). `decide` may run several times.
-    pub(crate) async fn write<E: From<anyhow::Error>>(
+    pub(crate) async fn write<E: From<anyhow::Error> + From<crate::crypto::CryptoError>>(
         &self,
         id: &str,
         mut decide: impl FnMut(Option<&Endpoint>, i64) -> Result<(Change, Option<OperationalEvent>), E>,
@@ -106,11 +106,7 @@ impl Registry {
             let (change, event) = decide(current.get(id), now)?;
             let value = match &change {
                 Change::Nothing => return Ok(current.get(id).cloned()),
-                Change::Put(e) => Some(
-                    e.to_record(&inner.keyring)
-                        .map_err(|c| anyhow::anyhow!(c))?
-                        .to_bytes(),
-                ),
+                Change::Put(e) => Some(e.to_record(&inner.keyring)?.to_bytes()),
                 Change::Delete => None,
             };
             let written = transact(&inner.config, &producer, &inner.topic, id, value, event).await;
