@@ -61,6 +61,14 @@ enum Command {
         #[command(subcommand)]
         command: hookline_retry_tiers::cli::DeadCommand,
     },
+    /// Live endpoints on `<p>.endpoints` (against Kafka directly): list, add, update, disable,
+    /// enable, delete, rotate-secret, health, reencrypt.
+    Endpoints {
+        #[command(subcommand)]
+        command: hookline_control::cli::EndpointsCommand,
+    },
+    /// Every attempt of one event, from the delivery log `<p>.attempts` (all processes).
+    Trace(hookline_control::cli::TraceArgs),
     /// Configuration tools.
     Config {
         #[command(subcommand)]
@@ -294,6 +302,12 @@ async fn run_command(
                 })
         }
         Command::Dead { command } => hookline_retry_tiers::cli::dead(config, command)
+            .await
+            .map(|()| ExitCode::SUCCESS),
+        Command::Endpoints { command } => hookline_control::cli::endpoints(config, command)
+            .await
+            .map(|()| ExitCode::SUCCESS),
+        Command::Trace(args) => hookline_control::cli::trace(config, args)
             .await
             .map(|()| ExitCode::SUCCESS),
         Command::Demo { command } => demo::run(command, config, config_path)

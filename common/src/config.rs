@@ -72,6 +72,9 @@ pub struct Config {
     /// The admin process: API, `/v1/events`, dashboard (`common/src/admin_config.rs`).
     #[serde(default)]
     pub admin: crate::admin_config::AdminConfig,
+    /// The control plane (`[control]`, see `control_config.rs`).
+    #[serde(default)]
+    pub control: crate::control_config::ControlConfig,
     /// Kubernetes service-link variables (`HOOKLINE_SERVICE_HOST`, …) that were ignored, sorted;
     /// not configuration: the binary names them in one log line at startup.
     #[serde(skip)]
@@ -601,6 +604,7 @@ impl Config {
             ));
         }
         self.admin.validate()?;
+        self.control.validate()?;
         self.validate_endpoints()
     }
 
@@ -759,6 +763,7 @@ fn is_reserved_env(key: &str) -> bool {
         || key == "HOOKLINE_DEMO"
         || key.starts_with("HOOKLINE_TEST_")
         || key.starts_with("HOOKLINE_BENCH_")
+        || crate::control_config::is_reserved_env(key)
 }
 
 /// Whether `key` is a variable Kubernetes injects for a Service named `hookline` or
@@ -807,6 +812,7 @@ const OVERRIDE_SECTIONS: &[&str] = &[
     "server",
     "log",
     "admin",
+    "control",
 ];
 
 /// The override a single-underscore variable most likely meant:

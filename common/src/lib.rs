@@ -1,6 +1,7 @@
 //! Shared pieces of hookline, used by every stage.
 //!
-//! - [`config`]: the TOML + env configuration, validated once at startup.
+//! - [`config`]: the TOML + env configuration, validated once at startup; [`control_config`]:
+//!   its `[control]` section (control plane).
 //! - [`envelope`]: the input event contract, validation, dedupe keys.
 //! - [`topics`]: topic names and the topic plan; [`kafka`]: client builders and `topics apply`.
 //! - [`headers`]: Kafka header names of the record contracts.
@@ -18,6 +19,7 @@
 pub mod admin_config;
 pub mod closing;
 pub mod config;
+pub mod control_config;
 pub mod delivery;
 pub mod envelope;
 pub mod glob;

@@ -53,6 +53,18 @@ impl Topics {
     pub fn idempotency(&self) -> String {
         format!("{}.idempotency", self.prefix)
     }
+    /// The live endpoint registry: compacted, one record per endpoint id (a tombstone deletes).
+    pub fn endpoints(&self) -> String {
+        format!("{}.endpoints", self.prefix)
+    }
+    /// The delivery log: one small record per attempt, keyed by event id.
+    pub fn attempts(&self) -> String {
+        format!("{}.attempts", self.prefix)
+    }
+    /// Operational events (an endpoint auto-disabled, …).
+    pub fn operational(&self) -> String {
+        format!("{}.operational", self.prefix)
+    }
 }
 
 /// What one topic should look like.
@@ -162,6 +174,30 @@ pub fn plan(config: &Config) -> Vec<TopicSpec> {
         "ingest: claims of Idempotency-Keys, the first per key wins (dedupe window + margin)",
         Some(config.dedupe.window + config.topics.dedupe_state_retention_margin),
     ));
+    // The control plane. One partition for the registry: a few records, one total order that
+    // every reader applies alike, and one place to be caught up with.
+    let mut endpoints = spec(
+        t.endpoints(),
+        "control: live endpoint registry by endpoint id, secrets encrypted (compacted)",
+        None,
+    );
+    endpoints.partitions = 1;
+    endpoints
+        .configs
+        .insert("cleanup.policy".to_string(), "compact".to_string());
+    out.push(endpoints);
+    out.push(spec(
+        t.attempts(),
+        "control: delivery log, one record per attempt keyed by event id (control.attempts_retention)",
+        Some(config.control.attempts_retention),
+    ));
+    let mut operational = spec(
+        t.operational(),
+        "control: operational events such as an endpoint auto-disabled",
+        Some(config.control.operational_retention),
+    );
+    operational.partitions = 1;
+    out.push(operational);
     out
 }
 
@@ -318,7 +354,10 @@ mod tests {
                 "p.retry.24h",
                 "p.dlq",
                 "p.replays",
-                "p.idempotency"
+                "p.idempotency",
+                "p.endpoints",
+                "p.attempts",
+                "p.operational"
             ]
         );
         let specs = plan(&c);
@@ -333,6 +372,18 @@ mod tests {
             state.configs["retention.ms"],
             (48 * 3_600_000u64).to_string()
         );
+        let endpoints = &specs[14];
+        assert_eq!(endpoints.partitions, 1);
+        assert_eq!(endpoints.configs["cleanup.policy"], "compact");
+        assert_eq!(endpoints.configs["retention.ms"], "-1");
+        let attempts = &specs[15];
+        assert_eq!(attempts.partitions, 3);
+        assert_eq!(attempts.configs["cleanup.policy"], "delete");
+        assert_eq!(
+            attempts.configs["retention.ms"],
+            (7 * 86_400_000u64).to_string()
+        );
+        assert_eq!(specs[16].partitions, 1);
         let tier24 = &specs[10];
         assert_eq!(
             tier24.configs["retention.ms"],

@@ -4,6 +4,7 @@
 mod admin;
 mod bench;
 mod browser;
+mod control;
 mod dedupe;
 mod demo;
 mod deploy;

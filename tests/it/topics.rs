@@ -57,7 +57,11 @@ async fn apply_creates_plan_and_second_apply_changes_nothing() {
 
     for spec in plan(&config) {
         let (partitions, configs) = describe(&spec.name);
-        assert_eq!(partitions, 3, "{} partitions", spec.name);
+        assert_eq!(
+            partitions, spec.partitions as usize,
+            "{} partitions",
+            spec.name
+        );
         assert_eq!(
             configs.get("retention.ms"),
             spec.configs.get("retention.ms"),

@@ -1,0 +1,464 @@
+//! An endpoint as the registry holds it (secrets opened), the set every process sees, secret
+//! rotation, and the validation of a definition (the config file's rules, through the config
+//! loader itself, so the file and the API can never accept different endpoints).
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::time::Duration;
+
+use base64::Engine as _;
+use rand::RngCore as _;
+use serde_json::{json, Value};
+
+use hookline_common::config::{Config, ConfigError, EndpointConfig};
+
+use crate::crypto::{CryptoError, Keyring};
+use crate::record::{EndpointRecord, ManagedBy, SealedSecret, SCHEMA};
+
+/// A `whsec_` secret and when it stops signing (`None`: until rotated out).
+#[derive(Clone, PartialEq, Eq)]
+pub struct SigningSecret {
+    pub secret: String,
+    pub expires_at_ms: Option<i64>,
+}
+
+impl fmt::Debug for SigningSecret {
+    // Secrets never reach a log line.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "SigningSecret {{ secret: redacted, expires_at_ms: {:?} }}",
+            self.expires_at_ms
+        )
+    }
+}
+
+impl SigningSecret {
+    /// Signs at `t_ms`.
+    pub fn active_at(&self, t_ms: i64) -> bool {
+        self.expires_at_ms.is_none_or(|e| t_ms < e)
+    }
+}
+
+/// One endpoint of the registry.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Endpoint {
+    pub id: String,
+    pub url: String,
+    pub tenant: Option<String>,
+    pub event_types: Vec<String>,
+    pub enabled: bool,
+    pub timeout: Option<Duration>,
+    pub max_concurrency: Option<usize>,
+    /// Newest first.
+    pub secrets: Vec<SigningSecret>,
+    pub managed_by: ManagedBy,
+    pub disabled_reason: Option<String>,
+    pub created_at_ms: i64,
+    pub updated_at_ms: i64,
+    pub version: u64,
+    /// Set when a secret cannot be opened (key missing): the endpoint is then treated as
+    /// disabled, never sent unsigned.
+    pub problem: Option<String>,
+    /// Whether some secret is sealed with a key other than the current one.
+    pub needs_reencryption: bool,
+}
+
+impl Endpoint {
+    /// Opens a record's secrets with `keyring`. A secret that cannot be opened leaves the
+    /// endpoint with a `problem` instead of failing the whole registry.
+    pub fn from_record(r: EndpointRecord, keyring: &Keyring) -> Endpoint {
+        let mut problem = None;
+        let mut secrets = Vec::new();
+        let mut needs_reencryption = false;
+        for (i, s) in r.secrets.iter().enumerate() {
+            needs_reencryption |= !keyring.is_current(&s.sealed);
+            match keyring.open(&r.id, &s.sealed) {
+                Ok(secret) => secrets.push(SigningSecret {
+                    secret,
+                    expires_at_ms: s.expires_at_ms,
+                }),
+                Err(e) => {
+                    problem.get_or_insert(format!("secrets[{i}]: {e}"));
+                }
+            }
+        }
+        Endpoint {
+            id: r.id,
+            url: r.url,
+            tenant: r.tenant,
+            event_types: r.event_types,
+            enabled: r.enabled,
+            timeout: r.timeout,
+            max_concurrency: r.max_concurrency,
+            secrets,
+            managed_by: r.managed_by,
+            disabled_reason: r.disabled_reason,
+            created_at_ms: r.created_at_ms,
+            updated_at_ms: r.updated_at_ms,
+            version: r.version,
+            problem,
+            needs_reencryption,
+        }
+    }
+
+    /// The record of this endpoint, every secret sealed afresh with the current key.
+    pub fn to_record(&self, keyring: &Keyring) -> Result<EndpointRecord, CryptoError> {
+        let secrets = self
+            .secrets
+            .iter()
+            .map(|s| {
+                Ok(SealedSecret {
+                    sealed: keyring.seal(&self.id, &s.secret)?,
+                    expires_at_ms: s.expires_at_ms,
+                })
+            })
+            .collect::<Result<Vec<_>, CryptoError>>()?;
+        Ok(EndpointRecord {
+            schema: SCHEMA,
+            id: self.id.clone(),
+            url: self.url.clone(),
+            tenant: self.tenant.clone(),
+            event_types: self.event_types.clone(),
+            enabled: self.enabled,
+            timeout: self.timeout,
+            max_concurrency: self.max_concurrency,
+            secrets,
+            managed_by: self.managed_by,
+            disabled_reason: self.disabled_reason.clone(),
+            created_at_ms: self.created_at_ms,
+            updated_at_ms: self.updated_at_ms,
+            version: self.version,
+        })
+    }
+
+    /// The secrets that sign a request made at `t_ms`, newest first (Standard Webhooks
+    /// multi-signature: each one's signature goes into `webhook-signature`).
+    pub fn signing_secrets_at(&self, t_ms: i64) -> Vec<&str> {
+        self.secrets
+            .iter()
+            .filter(|s| s.active_at(t_ms))
+            .map(|s| s.secret.as_str())
+            .collect()
+    }
+
+    /// The endpoint as the delivery engine and the fan-out take it, for a request at `t_ms`:
+    /// the secrets signing then; disabled while it has a problem.
+    pub fn config_at(&self, t_ms: i64) -> EndpointConfig {
+        EndpointConfig {
+            id: self.id.clone(),
+            url: self.url.clone(),
+            secrets: self
+                .signing_secrets_at(t_ms)
+                .into_iter()
+                .map(str::to_string)
+                .collect(),
+            tenant: self.tenant.clone(),
+            event_types: self.event_types.clone(),
+            enabled: self.enabled && self.problem.is_none(),
+            timeout: self.timeout,
+            max_concurrency: self.max_concurrency,
+        }
+    }
+
+    /// The definition fields as a config entry (every secret, whatever its expiry).
+    pub fn definition(&self) -> EndpointConfig {
+        EndpointConfig {
+            secrets: self.secrets.iter().map(|s| s.secret.clone()).collect(),
+            ..self.config_at(i64::MIN)
+        }
+    }
+
+    /// JSON for listings and the API: everything but secret values (count and expiries only).
+    pub fn to_json(&self, now_ms: i64) -> Value {
+        json!({
+            "id": self.id,
+            "url": self.url,
+            "tenant": self.tenant,
+            "event_types": self.event_types,
+            "enabled": self.enabled,
+            "disabled_reason": self.disabled_reason,
+            "timeout": self.timeout.map(|t| humantime::format_duration(t).to_string()),
+            "max_concurrency": self.max_concurrency,
+            "secrets": self.secrets.iter().map(|s| json!({
+                "expires_at_ms": s.expires_at_ms,
+                "signing": s.active_at(now_ms),
+            })).collect::<Vec<_>>(),
+            "managed_by": self.managed_by.as_str(),
+            "created_at_ms": self.created_at_ms,
+            "updated_at_ms": self.updated_at_ms,
+            "version": self.version,
+            "problem": self.problem,
+        })
+    }
+}
+
+/// Every endpoint of the registry, by id: what a process delivers to.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct EndpointSet {
+    endpoints: BTreeMap<String, Endpoint>,
+}
+
+impl EndpointSet {
+    pub fn get(&self, id: &str) -> Option<&Endpoint> {
+        self.endpoints.get(id)
+    }
+    pub fn iter(&self) -> impl Iterator<Item = &Endpoint> {
+        self.endpoints.values()
+    }
+    pub fn len(&self) -> usize {
+        self.endpoints.len()
+    }
+    pub fn is_empty(&self) -> bool {
+        self.endpoints.is_empty()
+    }
+    /// Every endpoint as the delivery engine takes it, for requests at `t_ms` (see
+    /// [`Endpoint::config_at`]).
+    pub fn configs_at(&self, t_ms: i64) -> Vec<EndpointConfig> {
+        self.iter().map(|e| e.config_at(t_ms)).collect()
+    }
+    pub(crate) fn insert(&mut self, e: Endpoint) {
+        self.endpoints.insert(e.id.clone(), e);
+    }
+    pub(crate) fn remove(&mut self, id: &str) {
+        self.endpoints.remove(id);
+    }
+}
+
+/// A fresh Standard Webhooks secret: `whsec_` + base64 of 32 random bytes.
+pub fn generate_secret() -> String {
+    let mut bytes = [0u8; 32];
+    rand::thread_rng().fill_bytes(&mut bytes);
+    format!(
+        "whsec_{}",
+        base64::engine::general_purpose::STANDARD.encode(bytes)
+    )
+}
+
+/// The secrets after rotating in `new` at `now_ms`: `new` first; every secret that signed
+/// until rotated out now stops at `now + grace` (an earlier expiry is kept); expired ones go.
+pub fn rotated(
+    secrets: &[SigningSecret],
+    new: String,
+    now_ms: i64,
+    grace: Duration,
+) -> Vec<SigningSecret> {
+    let until = now_ms.saturating_add(i64::try_from(grace.as_millis()).unwrap_or(i64::MAX));
+    let mut out = vec![SigningSecret {
+        secret: new,
+        expires_at_ms: None,
+    }];
+    for s in secrets.iter().filter(|s| s.active_at(now_ms)) {
+        out.push(SigningSecret {
+            secret: s.secret.clone(),
+            expires_at_ms: Some(s.expires_at_ms.map_or(until, |e| e.min(until))),
+        });
+    }
+    out
+}
+
+/// A definition that breaks a config rule: `field` is the endpoint's field (`url`,
+/// `secrets[0]`), the reason the config loader's.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FieldError {
+    pub field: String,
+    pub reason: String,
+}
+
+impl fmt::Display for FieldError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "field `{}`: {}", self.field, self.reason)
+    }
+}
+
+/// Checks a definition with the config file's own rules (it is run through the config loader
+/// as the only `[[endpoints]]` entry of a minimal file).
+pub fn validate(def: &EndpointConfig) -> Result<(), FieldError> {
+    let mut ep = toml::Table::new();
+    ep.insert("id".into(), def.id.clone().into());
+    ep.insert("url".into(), def.url.clone().into());
+    ep.insert(
+        "secrets".into(),
+        toml::Value::Array(def.secrets.iter().map(|s| s.clone().into()).collect()),
+    );
+    if let Some(t) = &def.tenant {
+        ep.insert("tenant".into(), t.clone().into());
+    }
+    ep.insert(
+        "event_types".into(),
+        toml::Value::Array(def.event_types.iter().map(|s| s.clone().into()).collect()),
+    );
+    ep.insert("enabled".into(), def.enabled.into());
+    if let Some(t) = def.timeout {
+        ep.insert(
+            "timeout".into(),
+            humantime::format_duration(t).to_string().into(),
+        );
+    }
+    if let Some(n) = def.max_concurrency {
+        let n = i64::try_from(n).unwrap_or(i64::MAX);
+        ep.insert("max_concurrency".into(), n.into());
+    }
+    let mut kafka = toml::Table::new();
+    kafka.insert("bootstrap_servers".into(), "validation:1".into());
+    let mut root = toml::Table::new();
+    root.insert("kafka".into(), kafka.into());
+    root.insert(
+        "endpoints".into(),
+        toml::Value::Array(vec![toml::Value::Table(ep)]),
+    );
+    let text = toml::to_string(&root).map_err(|e| FieldError {
+        field: "(endpoint)".into(),
+        reason: e.to_string(),
+    })?;
+    match Config::from_toml_with_env(&text, "endpoint", Vec::new()) {
+        Ok(_) => Ok(()),
+        Err(ConfigError::Field { field, reason }) => Err(FieldError {
+            field: field
+                .strip_prefix("endpoints[0].")
+                .unwrap_or(&field)
+                .to_string(),
+            reason,
+        }),
+        Err(e) => Err(FieldError {
+            field: "(endpoint)".into(),
+            reason: e.to_string(),
+        }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const A: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
+
+    fn def() -> EndpointConfig {
+        EndpointConfig {
+            id: "crm".into(),
+            url: "https://crm.example/hook".into(),
+            secrets: vec![A.into()],
+            tenant: Some("acme".into()),
+            event_types: vec!["order.*".into()],
+            enabled: true,
+            timeout: Some(Duration::from_millis(2500)),
+            max_concurrency: Some(4),
+        }
+    }
+
+    #[test]
+    fn validation_is_the_config_files() {
+        assert_eq!(validate(&def()), Ok(()));
+        type Edit = Box<dyn Fn(&mut EndpointConfig)>;
+        let cases: Vec<(Edit, &str)> = vec![
+            (Box::new(|d| d.url = "ftp://x".into()), "url"),
+            (Box::new(|d| d.url = "https://u:p@x".into()), "url"),
+            (Box::new(|d| d.id = "has space".into()), "id"),
+            (Box::new(|d| d.secrets = vec!["nope".into()]), "secrets[0]"),
+            (Box::new(|d| d.tenant = Some(String::new())), "tenant"),
+            (
+                Box::new(|d| d.event_types = vec![String::new()]),
+                "event_types[0]",
+            ),
+            (
+                Box::new(|d| d.timeout = Some(Duration::from_secs(600))),
+                "timeout",
+            ),
+            (Box::new(|d| d.max_concurrency = Some(0)), "max_concurrency"),
+        ];
+        for (change, field) in cases {
+            let mut d = def();
+            change(&mut d);
+            let err = validate(&d).expect_err(field);
+            assert_eq!(err.field, field, "{err}");
+        }
+        let err = validate(&EndpointConfig {
+            secrets: vec!["whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSX!".into()],
+            ..def()
+        })
+        .expect_err("bad secret");
+        assert!(!err.to_string().contains("MfKQ9r8"), "{err}");
+    }
+
+    #[test]
+    fn rotation_keeps_the_old_secret_for_the_grace_period() {
+        let grace = Duration::from_secs(86_400);
+        let one = vec![SigningSecret {
+            secret: "a".into(),
+            expires_at_ms: None,
+        }];
+        let two = rotated(&one, "b".into(), 1_000, grace);
+        assert_eq!(two[0].expires_at_ms, None);
+        assert_eq!(two[1].expires_at_ms, Some(1_000 + 86_400_000));
+        let e = Endpoint {
+            secrets: two.clone(),
+            ..endpoint()
+        };
+        assert_eq!(e.signing_secrets_at(2_000), ["b", "a"]);
+        assert_eq!(e.signing_secrets_at(1_000 + 86_400_000), ["b"]);
+        // Rotating again within the grace keeps the earlier expiry; expired ones are dropped.
+        let three = rotated(&two, "c".into(), 5_000, grace);
+        let got: Vec<(&str, Option<i64>)> = three
+            .iter()
+            .map(|s| (s.secret.as_str(), s.expires_at_ms))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                ("c", None),
+                ("b", Some(5_000 + 86_400_000)),
+                ("a", Some(1_000 + 86_400_000))
+            ]
+        );
+        let later = rotated(&three, "d".into(), 1_000 + 86_400_000, grace);
+        assert_eq!(later.len(), 3, "a expired: {later:?}");
+    }
+
+    fn endpoint() -> Endpoint {
+        Endpoint {
+            id: "crm".into(),
+            url: "https://crm.example/hook".into(),
+            tenant: None,
+            event_types: vec![],
+            enabled: true,
+            timeout: None,
+            max_concurrency: None,
+            secrets: vec![],
+            managed_by: ManagedBy::Api,
+            disabled_reason: None,
+            created_at_ms: 0,
+            updated_at_ms: 0,
+            version: 1,
+            problem: None,
+            needs_reencryption: false,
+        }
+    }
+
+    #[test]
+    fn records_round_trip_and_unopenable_secrets_disable() {
+        let key = Keyring::generate_key();
+        let k = Keyring::from_base64(Some(&key), &[]).expect("key");
+        let e = Endpoint {
+            secrets: vec![SigningSecret {
+                secret: A.into(),
+                expires_at_ms: None,
+            }],
+            ..endpoint()
+        };
+        let r = e.to_record(&k).expect("seal");
+        assert!(!String::from_utf8_lossy(&r.to_bytes()).contains("MfKQ9r8"));
+        assert_eq!(Endpoint::from_record(r.clone(), &k), e);
+        let blind = Endpoint::from_record(r, &Keyring::empty());
+        assert!(blind
+            .problem
+            .as_deref()
+            .is_some_and(|p| p.contains("secrets[0]")));
+        assert!(!blind.config_at(0).enabled, "never sent unsigned");
+        assert!(!format!("{:?}", e).contains("MfKQ9r8"));
+        assert!(generate_secret().starts_with("whsec_"));
+        assert_eq!(
+            hookline_common::secret::decode_secret(&generate_secret()).map(|b| b.len()),
+            Ok(32)
+        );
+    }
+}

@@ -1,0 +1,308 @@
+//! Per-endpoint health from the attempts of the delivery log — pure, no Kafka, so every process
+//! that reads the same records gives the same answer whatever order its partitions arrive in:
+//! every figure is defined on attempt times, not on arrival order.
+//!
+//! - recent success rate: over the most recent `health_window_attempts` attempts (by time) that
+//!   started within the last `health_window`;
+//! - last attempt (time, status/class), last error (the latest failure), last success;
+//! - consecutive failures and failing-since: the failures after the latest success. Records may
+//!   arrive out of time order by up to [`REORDER_HORIZON_MS`] (partitions read at different
+//!   speeds); failures older than that are folded into a count and their first time.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use serde::Serialize;
+
+use crate::attempts::{Attempt, Outcome};
+
+/// How far out of time order attempts of one endpoint may arrive and still be placed exactly.
+pub const REORDER_HORIZON_MS: i64 = 5 * 60 * 1000;
+
+/// The windows of the recent success rate.
+#[derive(Debug, Clone, Copy)]
+pub struct Window {
+    pub period: Duration,
+    pub attempts: usize,
+}
+
+/// The last attempt, or the last failure.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Seen {
+    pub at_ms: i64,
+    pub status: Option<u16>,
+    pub class: String,
+    pub error: Option<String>,
+    pub stage: String,
+    /// (event id, attempt): ties on time are broken by it, the same everywhere.
+    #[serde(skip)]
+    order: (String, u32),
+}
+
+impl Seen {
+    fn of(a: &Attempt) -> Seen {
+        Seen {
+            at_ms: a.at_ms,
+            status: a.status,
+            class: a.class.clone(),
+            error: a.error.clone(),
+            stage: a.stage.clone(),
+            order: (a.event_id.clone(), a.attempt),
+        }
+    }
+    fn later_than(&self, other: &Option<Seen>) -> bool {
+        other
+            .as_ref()
+            .is_none_or(|o| (self.at_ms, &self.order) > (o.at_ms, &o.order))
+    }
+}
+
+/// What one endpoint's attempts say.
+#[derive(Debug, Clone, Default)]
+pub struct EndpointHealth {
+    /// The most recent attempts: (time, event id, attempt) → delivered.
+    recent: BTreeMap<(i64, String, u32), bool>,
+    last: Option<Seen>,
+    last_failure: Option<Seen>,
+    last_success_ms: Option<i64>,
+    /// Failures after the last success within the reorder horizon: time → count.
+    streak: BTreeMap<i64, u64>,
+    /// Failures after the last success older than the horizon: count, first and last time.
+    folded: Option<(u64, i64, i64)>,
+    latest_ms: i64,
+    total: u64,
+}
+
+/// Health of one endpoint at a time (`hookline endpoints health`, the admin API).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct HealthReport {
+    pub endpoint_id: String,
+    /// `healthy`, `degraded` (recent success rate under 90 %), `failing` (the latest attempt
+    /// failed), `unknown` (no attempt read).
+    pub status: &'static str,
+    pub attempts_in_window: usize,
+    pub successes_in_window: usize,
+    pub success_rate: Option<f64>,
+    pub last_attempt: Option<Seen>,
+    pub last_error: Option<Seen>,
+    pub last_success_at_ms: Option<i64>,
+    pub consecutive_failures: u64,
+    pub failing_since_ms: Option<i64>,
+    /// Dead letters of this endpoint on `<p>.dlq`.
+    pub dead: u64,
+    /// Attempts read (since the tracker's lookback).
+    pub attempts_read: u64,
+}
+
+impl EndpointHealth {
+    /// Takes one attempt into account.
+    pub fn observe(&mut self, a: &Attempt, window: &Window) {
+        self.total += 1;
+        self.latest_ms = self.latest_ms.max(a.at_ms);
+        let ok = a.outcome == Outcome::Delivered;
+        self.recent
+            .insert((a.at_ms, a.event_id.clone(), a.attempt), ok);
+        while self.recent.len() > window.attempts {
+            self.recent.pop_first();
+        }
+        let seen = Seen::of(a);
+        if seen.later_than(&self.last) {
+            self.last = Some(seen.clone());
+        }
+        if ok {
+            if self.last_success_ms.is_none_or(|s| a.at_ms > s) {
+                self.last_success_ms = Some(a.at_ms);
+                self.streak = self.streak.split_off(&(a.at_ms + 1));
+                if self.folded.is_some_and(|(_, _, last)| last <= a.at_ms) {
+                    self.folded = None;
+                }
+            }
+        } else {
+            if seen.later_than(&self.last_failure) {
+                self.last_failure = Some(seen);
+            }
+            if self.last_success_ms.is_none_or(|s| a.at_ms > s) {
+                *self.streak.entry(a.at_ms).or_default() += 1;
+            }
+        }
+        // Fold what is beyond the reorder horizon.
+        let edge = self.latest_ms - REORDER_HORIZON_MS;
+        while let Some((&at, &n)) = self.streak.first_key_value() {
+            if at >= edge {
+                break;
+            }
+            self.streak.pop_first();
+            self.folded = Some(match self.folded {
+                None => (n, at, at),
+                Some((c, first, last)) => (c + n, first.min(at), last.max(at)),
+            });
+        }
+    }
+
+    /// The report at `now_ms`.
+    pub fn report(
+        &self,
+        endpoint_id: &str,
+        now_ms: i64,
+        window: &Window,
+        dead: u64,
+    ) -> HealthReport {
+        let since = now_ms - i64::try_from(window.period.as_millis()).unwrap_or(i64::MAX);
+        let in_window: Vec<bool> = self
+            .recent
+            .iter()
+            .filter(|((at, _, _), _)| *at >= since)
+            .map(|(_, ok)| *ok)
+            .collect();
+        let successes = in_window.iter().filter(|ok| **ok).count();
+        let rate = (!in_window.is_empty()).then(|| successes as f64 / in_window.len() as f64);
+        let consecutive = self.folded.map_or(0, |(c, _, _)| c) + self.streak.values().sum::<u64>();
+        let failing_since = self
+            .folded
+            .map(|(_, first, _)| first)
+            .or_else(|| self.streak.keys().next().copied());
+        let last_failed = self
+            .last
+            .as_ref()
+            .is_some_and(|l| l.class != "ok" && l.status.is_none_or(|s| !(200..300).contains(&s)));
+        let status = match (&self.last, rate) {
+            (None, _) => "unknown",
+            _ if last_failed && consecutive > 0 => "failing",
+            (_, Some(r)) if r < 0.9 => "degraded",
+            _ => "healthy",
+        };
+        HealthReport {
+            endpoint_id: endpoint_id.to_string(),
+            status,
+            attempts_in_window: in_window.len(),
+            successes_in_window: successes,
+            success_rate: rate,
+            last_attempt: self.last.clone(),
+            last_error: self.last_failure.clone(),
+            last_success_at_ms: self.last_success_ms,
+            consecutive_failures: consecutive,
+            failing_since_ms: failing_since,
+            dead,
+            attempts_read: self.total,
+        }
+    }
+}
+
+/// The report of an endpoint with no attempt read.
+pub fn unknown(endpoint_id: &str, dead: u64) -> HealthReport {
+    EndpointHealth::default().report(
+        endpoint_id,
+        0,
+        &Window {
+            period: Duration::ZERO,
+            attempts: 1,
+        },
+        dead,
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const W: Window = Window {
+        period: Duration::from_secs(900),
+        attempts: 100,
+    };
+
+    fn attempt(event: &str, at_ms: i64, ok: bool) -> Attempt {
+        Attempt {
+            event_id: event.into(),
+            endpoint_id: "crm".into(),
+            tenant: None,
+            event_type: None,
+            attempt: 1,
+            stage: "dispatcher".into(),
+            outcome: if ok {
+                Outcome::Delivered
+            } else {
+                Outcome::Failed
+            },
+            status: Some(if ok { 200 } else { 503 }),
+            class: if ok { "ok" } else { "http_status" }.into(),
+            error: (!ok).then(|| "unavailable".into()),
+            duration_ms: 3,
+            at_ms,
+            next: None,
+            instance: "p".into(),
+        }
+    }
+
+    fn report(attempts: &[Attempt], now: i64) -> HealthReport {
+        let mut h = EndpointHealth::default();
+        for a in attempts {
+            h.observe(a, &W);
+        }
+        h.report("crm", now, &W, 0)
+    }
+
+    #[test]
+    fn streaks_rates_and_last_seen() {
+        let base = 10_000_000;
+        let mut xs = vec![attempt("e1", base, true)];
+        for i in 1..=4 {
+            xs.push(attempt(&format!("f{i}"), base + i * 1000, false));
+        }
+        let r = report(&xs, base + 5_000);
+        assert_eq!(r.status, "failing");
+        assert_eq!(r.consecutive_failures, 4);
+        assert_eq!(r.failing_since_ms, Some(base + 1000));
+        assert_eq!(r.last_success_at_ms, Some(base));
+        assert_eq!(r.success_rate, Some(0.2));
+        assert_eq!(r.last_error.as_ref().map(|e| e.at_ms), Some(base + 4000));
+        // A later success ends the streak.
+        xs.push(attempt("e2", base + 6_000, true));
+        let r = report(&xs, base + 7_000);
+        assert_eq!(
+            (r.status, r.consecutive_failures, r.failing_since_ms),
+            ("degraded", 0, None)
+        );
+        // Outside the window, nothing counts towards the rate.
+        let r = report(&xs, base + 7_000 + 900_000);
+        assert_eq!(r.success_rate, None);
+        assert_eq!(unknown("x", 3).status, "unknown");
+        assert_eq!(unknown("x", 3).dead, 3);
+    }
+
+    #[test]
+    fn the_answer_does_not_depend_on_arrival_order() {
+        let base = 50_000_000;
+        let xs: Vec<Attempt> = (0..40)
+            .map(|i| attempt(&format!("e{i}"), base + i * 777, i % 7 == 3 || i < 5))
+            .collect();
+        let forward = report(&xs, base + 40_000);
+        let mut shuffled = xs.clone();
+        shuffled.reverse();
+        shuffled.swap(3, 17);
+        let backward = report(&shuffled, base + 40_000);
+        assert_eq!(forward, backward);
+        assert!(forward.consecutive_failures > 0);
+    }
+
+    #[test]
+    fn long_streaks_fold_beyond_the_horizon() {
+        let base = 1_000_000_000;
+        let xs: Vec<Attempt> = (0..100)
+            .map(|i| attempt(&format!("f{i}"), base + i * 60_000, false))
+            .collect();
+        let r = report(&xs, base + 100 * 60_000);
+        assert_eq!(r.consecutive_failures, 100);
+        assert_eq!(r.failing_since_ms, Some(base));
+        let mut h = EndpointHealth::default();
+        for a in &xs {
+            h.observe(a, &W);
+        }
+        assert!(h.streak.len() <= 6, "only the horizon is kept exactly");
+        h.observe(&attempt("ok", base + 101 * 60_000, true), &W);
+        assert_eq!(
+            h.report("crm", base + 102 * 60_000, &W, 0)
+                .consecutive_failures,
+            0
+        );
+    }
+}

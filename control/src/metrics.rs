@@ -1,0 +1,143 @@
+//! Control-plane metrics, `hookline_control_<thing>_<unit>`, every label a closed set.
+
+use prometheus::{IntCounter, IntCounterVec, IntGaugeVec, Opts, Registry};
+
+use crate::endpoint::EndpointSet;
+
+/// The registry's families.
+#[derive(Clone)]
+pub struct RegistryMetrics {
+    endpoints: IntGaugeVec,
+    records: IntCounterVec,
+    writes: IntCounterVec,
+}
+
+/// Label values of `hookline_control_registry_writes_total{op}`.
+pub const WRITE_OPS: &[&str] = &[
+    "create",
+    "update",
+    "enable",
+    "disable",
+    "delete",
+    "rotate_secret",
+    "reencrypt",
+    "auto_disable",
+];
+const WRITE_RESULTS: &[&str] = &[
+    "ok",
+    "conflict",
+    "not_found",
+    "file_managed",
+    "invalid",
+    "error",
+];
+const RECORD_RESULTS: &[&str] = &["applied", "tombstone", "unreadable"];
+const STATES: &[&str] = &["enabled", "disabled", "unusable"];
+
+impl RegistryMetrics {
+    pub fn register(registry: &Registry) -> prometheus::Result<Self> {
+        let endpoints = IntGaugeVec::new(
+            Opts::new(
+                "hookline_control_endpoints",
+                "Endpoints in this process's registry by state (unusable: a secret cannot be opened)",
+            ),
+            &["state"],
+        )?;
+        let records = IntCounterVec::new(
+            Opts::new(
+                "hookline_control_registry_records_total",
+                "Records of <p>.endpoints read by this process, by result",
+            ),
+            &["result"],
+        )?;
+        let writes = IntCounterVec::new(
+            Opts::new(
+                "hookline_control_registry_writes_total",
+                "Registry operations of this process by operation and result",
+            ),
+            &["op", "result"],
+        )?;
+        registry.register(Box::new(endpoints.clone()))?;
+        registry.register(Box::new(records.clone()))?;
+        registry.register(Box::new(writes.clone()))?;
+        for s in STATES {
+            endpoints.with_label_values(&[s]);
+        }
+        for r in RECORD_RESULTS {
+            records.with_label_values(&[r]);
+        }
+        for op in WRITE_OPS {
+            for r in WRITE_RESULTS {
+                writes.with_label_values(&[op, r]);
+            }
+        }
+        Ok(RegistryMetrics {
+            endpoints,
+            records,
+            writes,
+        })
+    }
+
+    pub(crate) fn record(&self, result: &'static str) {
+        self.records.with_label_values(&[result]).inc();
+    }
+
+    pub(crate) fn write(&self, op: &'static str, result: &'static str) {
+        self.writes.with_label_values(&[op, result]).inc();
+    }
+
+    pub(crate) fn set_endpoints(&self, set: &EndpointSet) {
+        let (mut on, mut off, mut bad) = (0, 0, 0);
+        for e in set.iter() {
+            match (e.problem.is_some(), e.enabled) {
+                (true, _) => bad += 1,
+                (false, true) => on += 1,
+                (false, false) => off += 1,
+            }
+        }
+        self.endpoints.with_label_values(&["enabled"]).set(on);
+        self.endpoints.with_label_values(&["disabled"]).set(off);
+        self.endpoints.with_label_values(&["unusable"]).set(bad);
+    }
+}
+
+/// The delivery log writer's families.
+#[derive(Clone)]
+pub struct AttemptLogMetrics {
+    pub(crate) records: IntCounterVec,
+}
+
+impl AttemptLogMetrics {
+    pub fn register(registry: &Registry) -> prometheus::Result<Self> {
+        let records = IntCounterVec::new(
+            Opts::new(
+                "hookline_control_attempt_log_records_total",
+                "Attempt records of the delivery log: written (acknowledged), dropped (buffer \
+                 full or closed: never stalls a delivery), failed (Kafka refused them)",
+            ),
+            &["result"],
+        )?;
+        registry.register(Box::new(records.clone()))?;
+        for r in ["written", "dropped", "failed"] {
+            records.with_label_values(&[r]);
+        }
+        Ok(AttemptLogMetrics { records })
+    }
+}
+
+/// The health tracker's families.
+#[derive(Clone)]
+pub struct HealthMetrics {
+    pub(crate) auto_disabled: IntCounter,
+}
+
+impl HealthMetrics {
+    pub fn register(registry: &Registry) -> prometheus::Result<Self> {
+        let auto_disabled = IntCounter::new(
+            "hookline_control_endpoints_auto_disabled_total",
+            "Endpoints this process disabled automatically after uninterrupted failure",
+        )?;
+        registry.register(Box::new(auto_disabled.clone()))?;
+        Ok(HealthMetrics { auto_disabled })
+    }
+}

@@ -1,0 +1,50 @@
+//! Operational events on `<p>.operational` (key = endpoint id, value = JSON): things an operator
+//! must hear about that no request asked for. Today: an endpoint disabled automatically after a
+//! period of uninterrupted failure (`kind = "endpoint_auto_disabled"`), written in the same
+//! transaction as the disable itself, so the event exists exactly when the disable happened.
+
+use serde::{Deserialize, Serialize};
+
+/// One operational event.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OperationalEvent {
+    /// `endpoint_auto_disabled`.
+    pub kind: String,
+    pub endpoint_id: String,
+    #[serde(default)]
+    pub tenant: Option<String>,
+    /// A sentence for people (also the endpoint's `disabled_reason`).
+    pub reason: String,
+    pub at_ms: i64,
+    /// When the failure streak began, and how many attempts it holds.
+    #[serde(default)]
+    pub failing_since_ms: Option<i64>,
+    #[serde(default)]
+    pub consecutive_failures: u64,
+    #[serde(default)]
+    pub last_error: Option<String>,
+    /// The process that decided it.
+    pub instance: String,
+}
+
+/// `kind` of an automatic disable.
+pub const AUTO_DISABLED: &str = "endpoint_auto_disabled";
+
+impl OperationalEvent {
+    pub fn to_bytes(&self) -> Vec<u8> {
+        serde_json::to_vec(self).unwrap_or_else(|_| unreachable!("plain data serializes"))
+    }
+}
+
+/// This process's name in records it writes: `kafka.instance_id`, else the host name.
+pub fn instance_name(config: &hookline_common::config::Config) -> String {
+    if let Some(id) = &config.kafka.instance_id {
+        return id.clone();
+    }
+    std::env::var("HOSTNAME")
+        .ok()
+        .or_else(|| std::fs::read_to_string("/proc/sys/kernel/hostname").ok())
+        .map(|h| h.trim().to_string())
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "unknown".into())
+}

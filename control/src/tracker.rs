@@ -1,0 +1,283 @@
+//! The health tracker: tails `<p>.attempts` (every partition, from `control.health_lookback`
+//! ago) and `<p>.dlq` (every partition, from the beginning; only the endpoint header is read)
+//! by assignment, so every process reads everything and gives the same answer
+//! ([`crate::health`]).
+//!
+//! Auto-disable (`control.auto_disable_after`, off by default): once caught up, every 10 s, an
+//! API-managed, enabled endpoint whose attempts have all failed for at least that long is
+//! disabled through the registry with an `endpoint_auto_disabled` event on `<p>.operational`
+//! written in the same transaction, and logged. Every process may try; the registry's
+//! optimistic concurrency lets exactly one succeed. File-managed endpoints are not disabled
+//! (the file owns `enabled`): a warning is logged instead.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use rdkafka::message::{Headers as _, Message as _};
+use tokio::sync::watch;
+
+use hookline_common::config::Config;
+use hookline_common::delivery::{now_ms, ENDPOINT_ID};
+use hookline_common::topics::Topics;
+
+use crate::attempts::Attempt;
+use crate::health::{unknown, EndpointHealth, HealthReport, Window};
+use crate::metrics::HealthMetrics;
+use crate::operational::{instance_name, OperationalEvent, AUTO_DISABLED};
+use crate::record::ManagedBy;
+use crate::registry::Registry;
+use crate::tail::{covers, Positions, Source, StartAt, Tail};
+
+const CHECK_EVERY: Duration = Duration::from_secs(10);
+
+#[derive(Default)]
+struct State {
+    endpoints: HashMap<String, EndpointHealth>,
+    dead: HashMap<String, u64>,
+}
+
+/// Per-endpoint health of the installation, kept current by a tail.
+pub struct Health {
+    state: Arc<Mutex<State>>,
+    positions: watch::Receiver<Positions>,
+    ends: Positions,
+    window: Window,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Drop for Health {
+    fn drop(&mut self) {
+        for t in &self.tasks {
+            t.abort();
+        }
+    }
+}
+
+fn lock(state: &Mutex<State>) -> std::sync::MutexGuard<'_, State> {
+    state.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Health {
+    /// Starts tailing; returns at once (see [`Health::wait_caught_up`]). With `registry`, and
+    /// `control.auto_disable_after` set, failing endpoints are disabled automatically.
+    pub async fn start(
+        config: &Config,
+        registry: Option<Registry>,
+        metrics: &prometheus::Registry,
+    ) -> anyhow::Result<Health> {
+        let t = Topics::new(&config.topics.prefix);
+        let lookback =
+            i64::try_from(config.control.health_lookback.as_millis()).unwrap_or(i64::MAX);
+        let sources = [
+            Source::all(
+                t.attempts(),
+                StartAt::Time(now_ms().saturating_sub(lookback)),
+            ),
+            Source::all(t.dlq(), StartAt::Beginning),
+        ];
+        let (tail, ends) = Tail::open(config, "health", &sources).await?;
+        let window = Window {
+            period: config.control.health_window,
+            attempts: config.control.health_window_attempts,
+        };
+        let state = Arc::new(Mutex::new(State::default()));
+        // Positions of what is applied to `state` (the tail's own run ahead of it).
+        let (applied, positions) = watch::channel(Positions::new());
+        let mut tasks = vec![tokio::spawn(read_loop(
+            tail,
+            state.clone(),
+            t.dlq(),
+            window,
+            applied,
+        ))];
+        let health_metrics = HealthMetrics::register(metrics)?;
+        if let (Some(registry), Some(after)) = (registry, config.control.auto_disable_after) {
+            tasks.push(tokio::spawn(auto_disable_loop(
+                state.clone(),
+                positions.clone(),
+                ends.clone(),
+                registry,
+                after,
+                window,
+                instance_name(config),
+                health_metrics,
+            )));
+        }
+        Ok(Health {
+            state,
+            positions,
+            ends,
+            window,
+            tasks,
+        })
+    }
+
+    /// Whether every record the topics had at start was read.
+    pub fn is_caught_up(&self) -> bool {
+        covers(&self.positions.borrow(), &self.ends)
+    }
+
+    /// Waits until [`Health::is_caught_up`], at most `wait`.
+    pub async fn wait_caught_up(&self, wait: Duration) -> anyhow::Result<()> {
+        let mut rx = self.positions.clone();
+        let ends = self.ends.clone();
+        let reached = tokio::time::timeout(wait, rx.wait_for(|p| covers(p, &ends)))
+            .await
+            .map_err(|_| anyhow::anyhow!("the delivery log was not read within {wait:?}"))?
+            .is_ok();
+        anyhow::ensure!(reached, "the health tracker's reader stopped");
+        Ok(())
+    }
+
+    /// The health of one endpoint now.
+    pub fn report(&self, endpoint_id: &str) -> HealthReport {
+        let s = lock(&self.state);
+        let dead = s.dead.get(endpoint_id).copied().unwrap_or(0);
+        match s.endpoints.get(endpoint_id) {
+            Some(h) => h.report(endpoint_id, now_ms(), &self.window, dead),
+            None => unknown(endpoint_id, dead),
+        }
+    }
+
+    /// Every endpoint seen in the delivery log or the DLQ, by id.
+    pub fn reports(&self) -> BTreeMap<String, HealthReport> {
+        let ids: HashSet<String> = {
+            let s = lock(&self.state);
+            s.endpoints.keys().chain(s.dead.keys()).cloned().collect()
+        };
+        ids.into_iter()
+            .map(|id| (id.clone(), self.report(&id)))
+            .collect()
+    }
+}
+
+async fn read_loop(
+    tail: Tail,
+    state: Arc<Mutex<State>>,
+    dlq: String,
+    window: Window,
+    applied: watch::Sender<Positions>,
+) {
+    let read = tail.positions();
+    loop {
+        let next = tail.next().await;
+        if let Some(m) = &next {
+            apply(m, &state, &dlq, &window);
+        }
+        let now = read.borrow().clone();
+        applied.send_if_modified(|p| {
+            let changed = *p != now;
+            *p = now;
+            changed
+        });
+    }
+}
+
+fn apply(m: &rdkafka::message::OwnedMessage, state: &Mutex<State>, dlq: &str, window: &Window) {
+    {
+        if m.topic() == dlq {
+            let endpoint = m.headers().and_then(|hs| {
+                hs.iter()
+                    .find(|h| h.key == ENDPOINT_ID)
+                    .and_then(|h| h.value)
+                    .and_then(|v| std::str::from_utf8(v).ok())
+                    .map(str::to_string)
+            });
+            if let Some(id) = endpoint {
+                *lock(state).dead.entry(id).or_default() += 1;
+            }
+            return;
+        }
+        match serde_json::from_slice::<Attempt>(m.payload().unwrap_or_default()) {
+            Ok(a) => lock(state)
+                .endpoints
+                .entry(a.endpoint_id.clone())
+                .or_default()
+                .observe(&a, window),
+            Err(e) => {
+                tracing::debug!(offset = m.offset(), error = %e, "unreadable delivery log record")
+            }
+        }
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn auto_disable_loop(
+    state: Arc<Mutex<State>>,
+    mut positions: watch::Receiver<Positions>,
+    ends: Positions,
+    registry: Registry,
+    after: Duration,
+    window: Window,
+    instance: String,
+    metrics: HealthMetrics,
+) {
+    // A partial read could show a streak whose ending success is not read yet.
+    if positions.wait_for(|p| covers(p, &ends)).await.is_err() {
+        return;
+    }
+    let after_ms = i64::try_from(after.as_millis()).unwrap_or(i64::MAX);
+    let mut warned = HashSet::new();
+    let mut tick = tokio::time::interval(CHECK_EVERY);
+    loop {
+        tick.tick().await;
+        let now = now_ms();
+        let candidates: Vec<HealthReport> = {
+            let s = lock(&state);
+            s.endpoints
+                .iter()
+                .map(|(id, h)| h.report(id, now, &window, 0))
+                .filter(|r| {
+                    r.status == "failing"
+                        && r.failing_since_ms
+                            .is_some_and(|since| now - since >= after_ms)
+                })
+                .collect()
+        };
+        for r in candidates {
+            let Some(e) = registry.get(&r.endpoint_id) else {
+                continue;
+            };
+            if !e.enabled {
+                continue;
+            }
+            if e.managed_by == ManagedBy::File {
+                if warned.insert(e.id.clone()) {
+                    tracing::warn!(endpoint = %e.id, failing_since_ms = r.failing_since_ms, "endpoint failing beyond control.auto_disable_after but file-managed: not disabled (set enabled = false in the file)");
+                }
+                continue;
+            }
+            let since = r.failing_since_ms.unwrap_or(now);
+            let event = OperationalEvent {
+                kind: AUTO_DISABLED.into(),
+                endpoint_id: e.id.clone(),
+                tenant: e.tenant.clone(),
+                reason: format!(
+                    "auto: every attempt failed since {} ({} attempts), beyond control.auto_disable_after ({})",
+                    crate::table::time(Some(since)),
+                    r.consecutive_failures,
+                    humantime::format_duration(after)
+                ),
+                at_ms: now,
+                failing_since_ms: Some(since),
+                consecutive_failures: r.consecutive_failures,
+                last_error: r.last_error.as_ref().map(|l| match l.status {
+                    Some(s) => format!("{} {s}", l.class),
+                    None => l.class.clone(),
+                }),
+                instance: instance.clone(),
+            };
+            match registry.auto_disable(&e.id, e.version, event.clone()).await {
+                Ok(true) => {
+                    metrics.auto_disabled.inc();
+                    tracing::warn!(endpoint = %e.id, reason = %event.reason, "endpoint auto-disabled");
+                }
+                Ok(false) => {}
+                Err(err) => {
+                    tracing::warn!(endpoint = %e.id, error = %err, "auto-disable failed; will retry")
+                }
+            }
+        }
+    }
+}
