@@ -2,8 +2,9 @@
 //! default) serving
 //!
 //! - `/v1/…` — the API, every route behind a bearer token (`auth.rs`): `POST /v1/events`
-//!   (REST ingest with `Idempotency-Key`, the `hookline-ingest` crate), dead letters and replay
-//!   (`dead.rs`);
+//!   (REST ingest with `Idempotency-Key`, the `hookline-ingest` crate) and an event's attempts
+//!   (`events.rs`), endpoints with health (`endpoints.rs`, the `hookline-control` registry),
+//!   dead letters and replay (`dead.rs`);
 //! - `/openapi.json` — the OpenAPI 3 document, generated from the same route table that serves
 //!   (`utoipa-axum`), so the two cannot disagree;
 //! - `/` and `/ui/…` — the dashboard (`hookline-dashboard`), its data from `ui.rs`.
@@ -13,7 +14,9 @@
 
 pub mod auth;
 pub mod dead;
+pub mod endpoints;
 pub mod error;
+pub mod events;
 pub mod ui;
 
 use std::net::SocketAddr;
@@ -43,7 +46,8 @@ pub const STAGE: &str = "admin";
 #[openapi(
     info(
         title = "hookline admin API",
-        description = "Publish events (with Idempotency-Key), browse and replay dead deliveries. \
+        description = "Publish events (with Idempotency-Key), manage endpoints and read their health, \
+                       trace an event's attempts, browse and replay dead deliveries. \
                        Every route takes `Authorization: Bearer <token>`; a tenant-scoped token \
                        sees only its tenant (another tenant's resource is a 404). Errors are \
                        `{\"error\":{\"status\",\"code\",\"field\",\"message\"}}`."
@@ -69,16 +73,30 @@ pub struct App {
     pub config: Arc<Config>,
     pub tokens: Arc<Tokens>,
     pub ingest: Arc<Ingest>,
+    pub control: endpoints::Control,
 }
 
 /// The API routes and their OpenAPI document, from one table.
 pub fn api(app: &App) -> (Router, utoipa::openapi::OpenApi) {
     let events = OpenApiRouter::new()
-        .routes(routes!(publish_event))
+        .routes(routes!(events::publish))
         .layer(hookline_ingest::http::body_limit(
             app.config.input.max_payload_bytes,
         ))
         .with_state(app.ingest.clone());
+    let trace = OpenApiRouter::new()
+        .routes(routes!(events::attempts))
+        .with_state(app.config.clone());
+    let endpoints = OpenApiRouter::new()
+        .routes(routes!(endpoints::list, endpoints::create))
+        .routes(routes!(
+            endpoints::show,
+            endpoints::update,
+            endpoints::delete
+        ))
+        .routes(routes!(endpoints::rotate_secret))
+        .routes(routes!(endpoints::health))
+        .with_state(app.control.clone());
     let dead_letters = OpenApiRouter::new()
         .routes(routes!(dead::list))
         .routes(routes!(dead::replay_matching))
@@ -87,6 +105,8 @@ pub fn api(app: &App) -> (Router, utoipa::openapi::OpenApi) {
         .with_state(app.config.clone());
     let (router, doc) = OpenApiRouter::with_openapi(ApiDoc::openapi())
         .merge(events)
+        .merge(trace)
+        .merge(endpoints)
         .merge(dead_letters)
         .split_for_parts();
     let router = router.layer(axum::middleware::from_fn_with_state(
@@ -110,32 +130,9 @@ pub fn router(app: &App) -> Router {
     let ui = hookline_dashboard::router(Arc::new(ui::DashboardData {
         config: app.config.clone(),
         tokens: app.tokens.clone(),
+        control: app.control.clone(),
     }));
     api.merge(openapi).merge(ui)
-}
-
-/// `POST /v1/events` — documented here, handled by the ingest crate.
-#[utoipa::path(
-    post, path = "/v1/events", tag = "events",
-    params(("Idempotency-Key" = Option<String>, Header,
-        description = "Retrying with the same key (per tenant, within 24 h) returns the same event id and never delivers twice; reusing it with another body is a 422")),
-    request_body(content = Object, description = "The event envelope, or `type` + `data` (+ `tenant`): the server assigns `id` (from the key when given)"),
-    responses(
-        (status = 202, description = "on `<p>.events`, acknowledged by Kafka: `{\"id\",\"tenant\"}`"),
-        (status = 400, description = "bad body; `error.field` names the field"),
-        (status = 401), (status = 403, description = "a tenant token publishing for another tenant"),
-        (status = 413), (status = 422, description = "`idempotency_key_reused` with another body"),
-        (status = 503, description = "Kafka did not acknowledge; retry after `Retry-After` with the same key"),
-    ),
-    security(("bearer" = []))
-)]
-async fn publish_event(
-    state: axum::extract::State<Arc<Ingest>>,
-    scope: Option<axum::extract::Extension<hookline_ingest::http::TenantScope>>,
-    headers: axum::http::HeaderMap,
-    body: Result<axum::body::Bytes, axum::extract::rejection::BytesRejection>,
-) -> axum::response::Response {
-    hookline_ingest::http::publish(state, scope, headers, body).await
 }
 
 /// The tokens the process accepts: the configured ones, or (only with `dev` on loopback and
@@ -198,6 +195,18 @@ impl Bound {
         registry: &Registry,
         dev: bool,
     ) -> anyhow::Result<Bound> {
+        let keyring = hookline_control::Keyring::from_env()
+            .context("reading the endpoint secrets key (HOOKLINE_SECRETS_KEY)")?;
+        Bound::bind_with(config, registry, dev, keyring).await
+    }
+
+    /// [`Bound::bind`] with the endpoint secrets key given (tests, tools).
+    pub async fn bind_with(
+        config: Arc<Config>,
+        registry: &Registry,
+        dev: bool,
+        keyring: hookline_control::Keyring,
+    ) -> anyhow::Result<Bound> {
         let (tokens, dev_token) = tokens(&config, dev)?;
         let listen = config.admin.listen;
         let listener = tokio::net::TcpListener::bind(listen)
@@ -207,10 +216,22 @@ impl Bound {
         let ingest = Ingest::start(&config, registry, config.admin.idempotency_keys)
             .await
             .context("starting the ingest (POST /v1/events)")?;
+        // The admin process seeds the config file's endpoints, as every stage does.
+        let live = hookline_control::Registry::start(&config, keyring, registry, true)
+            .await
+            .context("reading the endpoint registry")?;
+        let health =
+            hookline_control::tracker::Health::start(&config, Some(live.clone()), registry)
+                .await
+                .context("starting the endpoint health tracker")?;
         let app = App {
             config,
             tokens: Arc::new(tokens),
             ingest: Arc::new(ingest),
+            control: endpoints::Control {
+                registry: live,
+                health: Arc::new(health),
+            },
         };
         Ok(Bound {
             addr,

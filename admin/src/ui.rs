@@ -8,16 +8,20 @@ use axum::http::StatusCode;
 use serde_json::Value;
 
 use hookline_common::admin_config::TokenScope;
-use hookline_common::config::{Config, EndpointConfig};
+use hookline_common::config::Config;
+use hookline_control::attempts::{Attempt, Outcome};
+use hookline_control::health::{HealthReport, Seen};
+use hookline_control::Endpoint;
 use hookline_dashboard::{
-    AttemptRow, Backend, Counters, DeadDetail, DeadFilter, DeadPage, DeadRow, EndpointRow, Problem,
-    ReplayOutcome, Scope,
+    AttemptRow, Backend, Counters, DeadDetail, DeadFilter, DeadPage, DeadRow, EndpointRow, Health,
+    Problem, ReplayOutcome, Scope,
 };
 use hookline_retry_tiers::dead::{self, DeadRecord};
 use hookline_retry_tiers::dead_page::{self, Cursor};
 use hookline_retry_tiers::replay::{self, ReplayOptions};
 
 use crate::auth::{Caller, Tokens};
+use crate::endpoints::Control;
 use crate::error::ApiError;
 
 /// Dead letters per dashboard page.
@@ -28,6 +32,7 @@ const PREVIEW: usize = 1024;
 pub struct DashboardData {
     pub config: Arc<Config>,
     pub tokens: Arc<Tokens>,
+    pub control: Control,
 }
 
 fn caller(scope: &Scope) -> Caller {
@@ -55,15 +60,63 @@ fn unavailable(e: anyhow::Error) -> Problem {
     problem(ApiError::unavailable(&e))
 }
 
-fn endpoint_row(e: &EndpointConfig, dead: u64) -> EndpointRow {
+fn seen_status(s: &Seen) -> String {
+    match s.status {
+        Some(code) if s.class == "ok" => code.to_string(),
+        Some(code) => format!("{} {code}", s.class),
+        None => s.class.clone(),
+    }
+}
+
+fn health(h: &HealthReport) -> Health {
+    Health {
+        success_rate: h.success_rate,
+        attempts_last_hour: h.attempts_in_window as u64,
+        last_status: h.last_attempt.as_ref().map(seen_status),
+        last_error: h.last_error.as_ref().map(|e| {
+            let what = seen_status(e);
+            match &e.error {
+                Some(text) => format!("{what}: {text} ({})", dead::rfc3339_ms(e.at_ms)),
+                None => format!("{what} ({})", dead::rfc3339_ms(e.at_ms)),
+            }
+        }),
+        last_attempt_at: h.last_attempt.as_ref().map(|a| dead::rfc3339_ms(a.at_ms)),
+        consecutive_failures: h.consecutive_failures,
+        failing_since: h.failing_since_ms.map(dead::rfc3339_ms),
+    }
+}
+
+fn endpoint_row(e: &Endpoint, h: &HealthReport, dead: u64) -> EndpointRow {
     EndpointRow {
         id: e.id.clone(),
         url: e.url.clone(),
         tenant: e.tenant.clone(),
         event_types: e.event_types.clone(),
         enabled: e.enabled,
-        health: Default::default(),
+        health: health(h),
         dead,
+    }
+}
+
+fn attempt_row(a: &Attempt) -> AttemptRow {
+    AttemptRow {
+        at: dead::rfc3339_ms(a.at_ms),
+        event_id: a.event_id.clone(),
+        endpoint: a.endpoint_id.clone(),
+        attempt: a.attempt,
+        stage: a.stage.clone(),
+        outcome: match a.outcome {
+            Outcome::Delivered => "delivered",
+            Outcome::Failed => "failed",
+        }
+        .into(),
+        status: match (a.status, a.class.as_str()) {
+            (Some(code), "ok") => code.to_string(),
+            (Some(code), class) => format!("{class} {code}"),
+            (None, class) => class.to_string(),
+        },
+        duration_ms: a.duration_ms,
+        next: a.next.clone().unwrap_or_else(|| "done".into()),
     }
 }
 
@@ -111,11 +164,17 @@ impl DashboardData {
         }
     }
 
-    fn visible<'a>(&'a self, scope: &'a Scope) -> impl Iterator<Item = &'a EndpointConfig> + 'a {
-        self.config
-            .endpoints
+    /// The endpoints a scope sees, from the live registry (an endpoint of every tenant is an
+    /// admin's).
+    fn visible(&self, scope: &Scope) -> Vec<Endpoint> {
+        let who = caller(scope);
+        self.control
+            .registry
+            .current()
             .iter()
-            .filter(move |e| scope.tenant().is_none() || e.tenant.as_deref() == scope.tenant())
+            .filter(|e| who.sees(e.tenant.as_deref()))
+            .cloned()
+            .collect()
     }
 
     async fn open_dead(&self, scope: &Scope) -> Result<HashMap<String, u64>, Problem> {
@@ -139,7 +198,11 @@ impl Backend for DashboardData {
         let dead = self.open_dead(scope).await?;
         Ok(self
             .visible(scope)
-            .map(|e| endpoint_row(e, dead.get(&e.id).copied().unwrap_or(0)))
+            .iter()
+            .map(|e| {
+                let h = self.control.health.report(&e.id);
+                endpoint_row(e, &h, dead.get(&e.id).copied().unwrap_or(0))
+            })
             .collect())
     }
 
@@ -148,12 +211,20 @@ impl Backend for DashboardData {
         scope: &Scope,
         id: &str,
     ) -> Result<(EndpointRow, Vec<AttemptRow>), Problem> {
-        let Some(e) = self.visible(scope).find(|e| e.id == id) else {
+        let Some(e) = self.visible(scope).into_iter().find(|e| e.id == id) else {
             return Err(Problem::NotFound);
         };
         let dead = self.open_dead(scope).await?;
-        let row = endpoint_row(e, dead.get(&e.id).copied().unwrap_or(0));
-        Ok((row, Vec::new()))
+        let h = self.control.health.report(&e.id);
+        let row = endpoint_row(&e, &h, dead.get(&e.id).copied().unwrap_or(0));
+        let attempts = self
+            .control
+            .health
+            .recent(&e.id)
+            .iter()
+            .map(attempt_row)
+            .collect();
+        Ok((row, attempts))
     }
 
     async fn dead(&self, scope: &Scope, filter: &DeadFilter) -> Result<DeadPage, Problem> {
@@ -255,9 +326,15 @@ impl Backend for DashboardData {
 
     async fn counters(&self, scope: &Scope) -> Result<Counters, Problem> {
         let dead = self.open_dead(scope).await?;
+        let (delivered, failed) = self
+            .visible(scope)
+            .iter()
+            .map(|e| self.control.health.counts(&e.id, 5))
+            .fold((0, 0), |(d, f), (d2, f2)| (d + d2, f + f2));
         Ok(Counters {
+            delivered_last_5m: delivered,
+            failed_last_5m: failed,
             dead: dead.values().sum(),
-            ..Counters::default()
         })
     }
 }

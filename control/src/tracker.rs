@@ -35,7 +35,18 @@ const CHECK_EVERY: Duration = Duration::from_secs(10);
 struct State {
     endpoints: HashMap<String, EndpointHealth>,
     dead: HashMap<String, u64>,
+    /// The latest [`RECENT`] attempts per endpoint (by attempt time), for the dashboard.
+    recent: HashMap<String, BTreeMap<(i64, String, u32), Attempt>>,
+    /// Attempts per endpoint per minute of attempt time (delivered, failed), the last
+    /// [`COUNT_MINUTES`] minutes: the dashboard's live counters.
+    minutes: HashMap<String, BTreeMap<i64, (u64, u64)>>,
 }
+
+/// Minutes of per-endpoint counts kept for [`Health::counts`].
+pub const COUNT_MINUTES: i64 = 60;
+
+/// Attempts kept per endpoint for [`Health::recent`].
+pub const RECENT: usize = 50;
 
 /// Per-endpoint health of the installation, kept current by a tail.
 pub struct Health {
@@ -140,6 +151,29 @@ impl Health {
         }
     }
 
+    /// The latest attempts (at most [`RECENT`]) of an endpoint, newest first.
+    pub fn recent(&self, endpoint_id: &str) -> Vec<Attempt> {
+        lock(&self.state)
+            .recent
+            .get(endpoint_id)
+            .map(|r| r.values().rev().cloned().collect())
+            .unwrap_or_default()
+    }
+
+    /// (delivered, failed) attempts of an endpoint that started in the last `minutes` minutes
+    /// (whole minutes, the current one included; at most [`COUNT_MINUTES`]).
+    pub fn counts(&self, endpoint_id: &str, minutes: i64) -> (u64, u64) {
+        let from = now_ms().div_euclid(60_000) - minutes.clamp(1, COUNT_MINUTES) + 1;
+        lock(&self.state)
+            .minutes
+            .get(endpoint_id)
+            .map(|m| {
+                m.range(from..)
+                    .fold((0, 0), |(d, f), (_, (d2, f2))| (d + d2, f + f2))
+            })
+            .unwrap_or((0, 0))
+    }
+
     /// Every endpoint seen in the delivery log or the DLQ, by id.
     pub fn reports(&self) -> BTreeMap<String, HealthReport> {
         let ids: HashSet<String> = {
@@ -190,11 +224,29 @@ fn apply(m: &rdkafka::message::OwnedMessage, state: &Mutex<State>, dlq: &str, wi
             return;
         }
         match serde_json::from_slice::<Attempt>(m.payload().unwrap_or_default()) {
-            Ok(a) => lock(state)
-                .endpoints
-                .entry(a.endpoint_id.clone())
-                .or_default()
-                .observe(&a, window),
+            Ok(a) => {
+                let mut s = lock(state);
+                s.endpoints
+                    .entry(a.endpoint_id.clone())
+                    .or_default()
+                    .observe(&a, window);
+                let minute = a.at_ms.div_euclid(60_000);
+                let counts = s.minutes.entry(a.endpoint_id.clone()).or_default();
+                let slot = counts.entry(minute).or_default();
+                match a.outcome {
+                    crate::attempts::Outcome::Delivered => slot.0 += 1,
+                    crate::attempts::Outcome::Failed => slot.1 += 1,
+                }
+                let horizon = now_ms().div_euclid(60_000) - COUNT_MINUTES;
+                while counts.first_key_value().is_some_and(|(m, _)| *m < horizon) {
+                    counts.pop_first();
+                }
+                let recent = s.recent.entry(a.endpoint_id.clone()).or_default();
+                recent.insert((a.at_ms, a.event_id.clone(), a.attempt), a);
+                if recent.len() > RECENT {
+                    recent.pop_first();
+                }
+            }
             Err(e) => {
                 tracing::debug!(offset = m.offset(), error = %e, "unreadable delivery log record")
             }

@@ -52,8 +52,6 @@ pub struct Health {
     pub consecutive_failures: u64,
     /// RFC 3339: when the current run of failures began.
     pub failing_since: Option<String>,
-    /// RFC 3339: the oldest retry still waiting in a tier.
-    pub oldest_pending_retry: Option<String>,
 }
 
 /// One attempt from the delivery log.
@@ -155,9 +153,10 @@ pub struct ReplayOutcome {
 /// The live counters at the top of every page.
 #[derive(Debug, Clone, Default, serde::Serialize)]
 pub struct Counters {
+    /// Attempts that got a 2xx in the last 5 minutes (every stage: first attempts, retries, replays).
     pub delivered_last_5m: u64,
     pub failed_last_5m: u64,
-    pub pending_retries: u64,
+    /// Dead deliveries not replayed successfully.
     pub dead: u64,
 }
 

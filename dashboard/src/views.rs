@@ -74,7 +74,6 @@ pub fn layout(title: &str, scope: &Scope, counters: &Counters, csrf: &str, body:
                     div.counters {
                         (counter("delivered_last_5m", "delivered (5 min)", counters.delivered_last_5m))
                         (counter("failed_last_5m", "failed attempts (5 min)", counters.failed_last_5m))
-                        (counter("pending_retries", "waiting to retry", counters.pending_retries))
                         (counter("dead", "dead deliveries", counters.dead))
                     }
                     (body)
@@ -188,7 +187,6 @@ pub fn endpoint(row: &EndpointRow, attempts: &[AttemptRow]) -> Markup {
             tr { th { "last error" } td { (row.health.last_error.as_deref().unwrap_or("—")) } }
             tr { th { "failures in a row" } td { (row.health.consecutive_failures) } }
             tr { th { "failing since" } td { (row.health.failing_since.as_deref().unwrap_or("—")) } }
-            tr { th { "oldest waiting retry" } td { (row.health.oldest_pending_retry.as_deref().unwrap_or("—")) } }
         }
         h2 { "Recent attempts" }
         (attempt_table(attempts, "attempts"))

@@ -31,6 +31,14 @@ fn sha(token: &str) -> String {
         .collect()
 }
 
+/// One endpoint secrets key for every admin process of the test binary (a second admin process
+/// must open what the first sealed).
+pub fn secrets_key() -> String {
+    static KEY: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    KEY.get_or_init(hookline_control::Keyring::generate_key)
+        .clone()
+}
+
 /// `[admin]` on port 0 with an admin token and one token per tenant (acme, globex).
 pub fn admin_section() -> String {
     format!(
@@ -54,9 +62,12 @@ pub struct Admin {
 impl Admin {
     pub async fn start(config: &Config) -> Admin {
         let config = Arc::new(config.clone());
-        let bound = hookline_admin::Bound::bind(config, &prometheus::Registry::new(), false)
-            .await
-            .expect("admin binds and starts");
+        let keyring =
+            hookline_control::Keyring::from_base64(Some(&secrets_key()), &[]).expect("secrets key");
+        let bound =
+            hookline_admin::Bound::bind_with(config, &prometheus::Registry::new(), false, keyring)
+                .await
+                .expect("admin binds and starts");
         let addr = bound.addr;
         let (trigger, shutdown) = shutdown::channel();
         let handle =
@@ -180,6 +191,14 @@ async fn every_route_needs_a_token_and_a_tenant_token_sees_only_its_tenant() {
     }
     let expected: BTreeSet<(String, String)> = [
         ("POST", "/v1/events"),
+        ("GET", "/v1/events/{id}/attempts"),
+        ("GET", "/v1/endpoints"),
+        ("POST", "/v1/endpoints"),
+        ("GET", "/v1/endpoints/{id}"),
+        ("PATCH", "/v1/endpoints/{id}"),
+        ("DELETE", "/v1/endpoints/{id}"),
+        ("POST", "/v1/endpoints/{id}/rotate-secret"),
+        ("GET", "/v1/endpoints/{id}/health"),
         ("GET", "/v1/dead-letters"),
         ("POST", "/v1/dead-letters/replay"),
         ("GET", "/v1/dead-letters/{position}"),
@@ -190,7 +209,7 @@ async fn every_route_needs_a_token_and_a_tenant_token_sees_only_its_tenant() {
     .collect();
     assert_eq!(documented, expected, "the document lists the routes served");
     for (method, path) in &documented {
-        let url = admin.url(&path.replace("{position}", "0:0"));
+        let url = admin.url(&path.replace("{position}", "0:0").replace("{id}", "x"));
         let m: reqwest::Method = method.parse().expect("method");
         for token in [None, Some("not-a-token")] {
             let (status, body) = call(m.clone(), &url, token, Some(json!({}))).await;
@@ -443,4 +462,272 @@ async fn fifty_concurrent_posts_with_one_key_are_one_delivery_across_admin_resta
     for s in stages {
         s.stop().await.expect("clean stop");
     }
+}
+
+async fn send(
+    method: reqwest::Method,
+    admin: &Admin,
+    path: &str,
+    token: &str,
+    body: Option<Value>,
+) -> (StatusCode, Value) {
+    call(method, &admin.url(path), Some(token), body).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn endpoints_are_managed_through_the_api_within_the_token_scope() {
+    use reqwest::Method;
+    require_kafka();
+    let prefix = unique_prefix("admin-endpoints");
+    let config = test_config(
+        &prefix,
+        &format!(
+            "{}[[endpoints]]\nid = \"from-file\"\nurl = \"https://file.example/hook\"\n",
+            admin_section()
+        ),
+    );
+    apply_topics(&config).await;
+    let admin = Admin::start(&config).await;
+
+    // Create: a tenant token's endpoint gets its tenant; the generated secret is shown once.
+    let (status, made) = send(Method::POST, &admin, "/v1/endpoints", ACME_TOKEN,
+        Some(json!({"id": "acme-crm", "url": "https://crm.example/hook", "event_types": ["order.*"]}))).await;
+    assert_eq!(status, StatusCode::CREATED, "{made}");
+    assert_eq!(made["endpoint"]["tenant"], "acme");
+    assert!(
+        made["secret"]
+            .as_str()
+            .is_some_and(|s| s.starts_with("whsec_")),
+        "{made}"
+    );
+    assert!(
+        !made["endpoint"].to_string().contains("whsec_"),
+        "no secret in the endpoint view"
+    );
+    let version = made["endpoint"]["version"].as_u64().expect("version");
+
+    // Refusals name the problem.
+    let (status, body) = send(
+        Method::POST,
+        &admin,
+        "/v1/endpoints",
+        ACME_TOKEN,
+        Some(json!({"id": "x1", "url": "https://a.example", "tenant": "globex"})),
+    )
+    .await;
+    assert_eq!(status, StatusCode::FORBIDDEN, "{body}");
+    let (status, body) = send(
+        Method::POST,
+        &admin,
+        "/v1/endpoints",
+        ADMIN_TOKEN,
+        Some(json!({"id": "x2", "url": "ftp://a.example"})),
+    )
+    .await;
+    assert_eq!(
+        (status, body["error"]["field"].clone()),
+        (StatusCode::BAD_REQUEST, json!("url")),
+        "{body}"
+    );
+    let (status, body) = send(
+        Method::POST,
+        &admin,
+        "/v1/endpoints",
+        ADMIN_TOKEN,
+        Some(json!({"id": "x3", "url": "https://a.example", "colour": "red"})),
+    )
+    .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    let (status, body) = send(
+        Method::POST,
+        &admin,
+        "/v1/endpoints",
+        ADMIN_TOKEN,
+        Some(json!({"id": "acme-crm", "url": "https://a.example"})),
+    )
+    .await;
+    assert_eq!(
+        (status, body["error"]["code"].clone()),
+        (StatusCode::CONFLICT, json!("already_exists")),
+        "{body}"
+    );
+    let (status, body) = send(
+        Method::PATCH,
+        &admin,
+        "/v1/endpoints/from-file",
+        ADMIN_TOKEN,
+        Some(json!({"url": "https://other.example"})),
+    )
+    .await;
+    assert_eq!(
+        (status, body["error"]["code"].clone()),
+        (StatusCode::CONFLICT, json!("file_managed")),
+        "{body}"
+    );
+
+    // Scope: globex neither lists nor reads nor changes acme's endpoint; the admin sees all.
+    let ids = |v: &Value| -> BTreeSet<String> {
+        v["items"]
+            .as_array()
+            .expect("items")
+            .iter()
+            .map(|e| e["id"].as_str().unwrap_or("").to_string())
+            .collect()
+    };
+    let (_, mine) = send(Method::GET, &admin, "/v1/endpoints", ACME_TOKEN, None).await;
+    assert_eq!(
+        ids(&mine),
+        BTreeSet::from(["acme-crm".to_string()]),
+        "{mine}"
+    );
+    let (_, theirs) = send(Method::GET, &admin, "/v1/endpoints", GLOBEX_TOKEN, None).await;
+    assert!(ids(&theirs).is_empty(), "{theirs}");
+    let (_, all) = send(Method::GET, &admin, "/v1/endpoints", ADMIN_TOKEN, None).await;
+    assert_eq!(
+        ids(&all),
+        BTreeSet::from(["acme-crm".to_string(), "from-file".to_string()])
+    );
+    for (method, path, body) in [
+        (Method::GET, "/v1/endpoints/acme-crm", None),
+        (Method::GET, "/v1/endpoints/acme-crm/health", None),
+        (
+            Method::PATCH,
+            "/v1/endpoints/acme-crm",
+            Some(json!({"enabled": false})),
+        ),
+        (
+            Method::POST,
+            "/v1/endpoints/acme-crm/rotate-secret",
+            Some(json!({})),
+        ),
+        (Method::DELETE, "/v1/endpoints/acme-crm", None),
+    ] {
+        let (status, answer) = send(method.clone(), &admin, path, GLOBEX_TOKEN, body).await;
+        assert_eq!(status, StatusCode::NOT_FOUND, "{method} {path}: {answer}");
+        assert!(
+            !answer.to_string().contains("crm.example"),
+            "no data leaks: {answer}"
+        );
+    }
+
+    // Update with a stale version is a 409; with the current one it applies.
+    let (status, body) = send(
+        Method::PATCH,
+        &admin,
+        "/v1/endpoints/acme-crm",
+        ACME_TOKEN,
+        Some(json!({"event_types": ["order.paid"], "version": version + 5})),
+    )
+    .await;
+    assert_eq!(
+        (status, body["error"]["code"].clone()),
+        (StatusCode::CONFLICT, json!("version_conflict")),
+        "{body}"
+    );
+    let (status, updated) = send(
+        Method::PATCH,
+        &admin,
+        "/v1/endpoints/acme-crm",
+        ACME_TOKEN,
+        Some(json!({"event_types": ["order.paid"], "enabled": false, "version": version})),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{updated}");
+    assert_eq!(updated["event_types"], json!(["order.paid"]));
+    assert_eq!(updated["enabled"], false);
+    let (status, body) = send(
+        Method::PATCH,
+        &admin,
+        "/v1/endpoints/acme-crm",
+        ACME_TOKEN,
+        Some(json!({"tenant": "globex"})),
+    )
+    .await;
+    assert_eq!(status, StatusCode::FORBIDDEN, "{body}");
+
+    // Rotation: the new secret is returned once, and two secrets sign during the grace period.
+    let (status, rotated) = send(
+        Method::POST,
+        &admin,
+        "/v1/endpoints/acme-crm/rotate-secret",
+        ACME_TOKEN,
+        Some(json!({"grace": "1h"})),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{rotated}");
+    assert_ne!(rotated["secret"], made["secret"]);
+    let signing = rotated["endpoint"]["secrets"]
+        .as_array()
+        .expect("secrets")
+        .iter()
+        .filter(|s| s["signing"] == true)
+        .count();
+    assert_eq!(signing, 2, "{rotated}");
+
+    // A second admin process sees the same registry, and health answers for a fresh endpoint.
+    let second = Admin::start(&config).await;
+    let (status, seen) = send(
+        Method::GET,
+        &second,
+        "/v1/endpoints/acme-crm",
+        ADMIN_TOKEN,
+        None,
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{seen}");
+    assert_eq!(seen["enabled"], false);
+    let (status, h) = send(
+        Method::GET,
+        &second,
+        "/v1/endpoints/acme-crm/health",
+        ACME_TOKEN,
+        None,
+    )
+    .await;
+    assert_eq!(
+        (status, h["status"].clone()),
+        (StatusCode::OK, json!("unknown")),
+        "{h}"
+    );
+    let (status, _) = send(
+        Method::GET,
+        &second,
+        "/v1/events/evt_none/attempts",
+        ADMIN_TOKEN,
+        None,
+    )
+    .await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+
+    // Delete: gone on both processes.
+    let (status, _) = send(
+        Method::DELETE,
+        &admin,
+        "/v1/endpoints/acme-crm",
+        ACME_TOKEN,
+        None,
+    )
+    .await;
+    assert_eq!(status, StatusCode::NO_CONTENT);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let (status, _) = send(
+            Method::GET,
+            &second,
+            "/v1/endpoints/acme-crm",
+            ADMIN_TOKEN,
+            None,
+        )
+        .await;
+        if status == StatusCode::NOT_FOUND {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the delete reached the other process"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    second.stop().await;
+    admin.stop().await;
 }

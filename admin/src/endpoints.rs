@@ -1,0 +1,419 @@
+//! `/v1/endpoints`: the live registry over HTTP (list, create, show, update, enable/disable,
+//! delete, rotate the secret, health). Writes go through `hookline_control::Registry` — an
+//! acknowledged Kafka transaction with optimistic concurrency (`version`), visible to every
+//! process within about a second — so the API, the CLI and every pod agree.
+//!
+//! Tenant tokens see and change only endpoints of their tenant; creating one sets the tenant.
+//! An endpoint for every tenant (`tenant` absent) is an admin's. A generated signing secret is
+//! returned once, by the call that made it.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::rejection::JsonRejection;
+use axum::extract::{Extension, Path, Query, State};
+use axum::http::StatusCode;
+use axum::Json;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use utoipa::{IntoParams, ToSchema};
+
+use hookline_common::config::EndpointConfig;
+use hookline_common::delivery::now_ms;
+use hookline_control::endpoint::generate_secret;
+use hookline_control::health::HealthReport;
+use hookline_control::tracker::Health;
+use hookline_control::{Endpoint, EndpointUpdate, Registry, WriteError};
+
+use crate::auth::Caller;
+use crate::error::{ApiError, ApiResult};
+
+/// What the endpoint routes share.
+#[derive(Clone)]
+pub struct Control {
+    pub registry: Registry,
+    pub health: Arc<Health>,
+}
+
+fn write_error(e: WriteError) -> ApiError {
+    let status = StatusCode::from_u16(e.http_status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    match e {
+        WriteError::Invalid(f) => ApiError::field(&f.field, f.reason),
+        WriteError::NotFound { .. } => ApiError::not_found("endpoint"),
+        WriteError::AlreadyExists { .. } => ApiError::new(status, "already_exists", e.to_string()),
+        WriteError::Conflict { .. } => ApiError::new(status, "version_conflict", e.to_string()),
+        WriteError::FileManaged { .. } => ApiError::new(status, "file_managed", e.to_string()),
+        WriteError::Crypto(_) => {
+            tracing::error!(error = %e, "endpoint secret could not be sealed");
+            ApiError::new(status, "secrets_key", e.to_string())
+        }
+        WriteError::Kafka(ref k) => ApiError::unavailable(k),
+    }
+}
+
+/// The endpoint `id` if the caller may see it (another tenant's is a 404).
+fn visible(c: &Control, caller: &Caller, id: &str) -> ApiResult<Endpoint> {
+    c.registry
+        .get(id)
+        .filter(|e| caller.sees(e.tenant.as_deref()))
+        .ok_or_else(|| ApiError::not_found("endpoint"))
+}
+
+fn body<T>(b: Result<Json<T>, JsonRejection>) -> ApiResult<T> {
+    b.map(|Json(t)| t)
+        .map_err(|e| ApiError::field("body", e.body_text()))
+}
+
+fn duration(field: &str, text: &str) -> ApiResult<Duration> {
+    humantime::parse_duration(text)
+        .map_err(|e| ApiError::field(field, format!("`{text}` is not a duration: {e}")))
+}
+
+/// The tenant a caller's write sets: a tenant token's own (asking for another is a 403).
+fn tenant_for(caller: &Caller, asked: Option<String>) -> ApiResult<Option<String>> {
+    match (caller.tenant(), asked) {
+        (None, asked) => Ok(asked),
+        (Some(mine), None) => Ok(Some(mine.to_string())),
+        (Some(mine), Some(t)) if t == mine => Ok(Some(t)),
+        (Some(_), Some(_)) => Err(ApiError {
+            field: Some("tenant".into()),
+            ..ApiError::new(
+                StatusCode::FORBIDDEN,
+                "forbidden",
+                "a tenant token manages only its own tenant's endpoints",
+            )
+        }),
+    }
+}
+
+/// An endpoint as the API shows it (never a secret value: only how many sign and until when).
+#[derive(Debug, Serialize, ToSchema)]
+pub struct EndpointView {
+    #[schema(value_type = Object)]
+    #[serde(flatten)]
+    pub endpoint: Value,
+}
+
+fn view(e: &Endpoint) -> Json<Value> {
+    Json(e.to_json(now_ms()))
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct EndpointList {
+    #[schema(value_type = Vec<Object>)]
+    pub items: Vec<Value>,
+}
+
+/// An endpoint with the signing secret the call made (shown only in this answer).
+#[derive(Debug, Serialize, ToSchema)]
+pub struct WithSecret {
+    #[schema(value_type = Object)]
+    pub endpoint: Value,
+    /// `whsec_…`: give it to the receiver; it is not shown again.
+    pub secret: Option<String>,
+}
+
+#[utoipa::path(
+    get, path = "/v1/endpoints", tag = "endpoints",
+    responses((status = 200, body = EndpointList), (status = 401)),
+    security(("bearer" = []))
+)]
+pub async fn list(
+    State(c): State<Control>,
+    Extension(caller): Extension<Caller>,
+) -> Json<EndpointList> {
+    let now = now_ms();
+    let items = c
+        .registry
+        .current()
+        .iter()
+        .filter(|e| caller.sees(e.tenant.as_deref()))
+        .map(|e| e.to_json(now))
+        .collect();
+    Json(EndpointList { items })
+}
+
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CreateEndpoint {
+    /// 1–64 of `[A-Za-z0-9._-]`.
+    pub id: String,
+    /// `https://…` (plain `http` only for ranges in `http.allow_cidrs`).
+    pub url: String,
+    /// Only this tenant's events (a tenant token: its own, the default); absent: every tenant.
+    pub tenant: Option<String>,
+    /// Event-type globs; empty: every type.
+    #[serde(default)]
+    pub event_types: Vec<String>,
+    #[serde(default = "yes")]
+    pub enabled: bool,
+    /// Per-attempt timeout, e.g. `5s` (default `http.timeout`).
+    pub timeout: Option<String>,
+    pub max_concurrency: Option<usize>,
+    /// A `whsec_…` secret; absent: one is generated and returned once.
+    pub secret: Option<String>,
+}
+
+const fn yes() -> bool {
+    true
+}
+
+#[utoipa::path(
+    post, path = "/v1/endpoints", tag = "endpoints",
+    request_body = CreateEndpoint,
+    responses(
+        (status = 201, body = WithSecret),
+        (status = 400, description = "a bad field, named"), (status = 401),
+        (status = 403, description = "a tenant token creating for another tenant"),
+        (status = 409, description = "the id exists (or is file-managed)"),
+        (status = 503),
+    ),
+    security(("bearer" = []))
+)]
+pub async fn create(
+    State(c): State<Control>,
+    Extension(caller): Extension<Caller>,
+    req: Result<Json<CreateEndpoint>, JsonRejection>,
+) -> ApiResult<(StatusCode, Json<WithSecret>)> {
+    let req = body(req)?;
+    let tenant = tenant_for(&caller, req.tenant)?;
+    let timeout = req
+        .timeout
+        .as_deref()
+        .map(|t| duration("timeout", t))
+        .transpose()?;
+    let generated = req.secret.is_none().then(generate_secret);
+    let secret = req.secret.or_else(|| generated.clone());
+    let def = EndpointConfig {
+        id: req.id,
+        url: req.url,
+        secrets: secret.into_iter().collect(),
+        tenant,
+        event_types: req.event_types,
+        enabled: req.enabled,
+        timeout,
+        max_concurrency: req.max_concurrency,
+    };
+    let e = c.registry.create(def).await.map_err(write_error)?;
+    tracing::info!(caller = %caller.name, endpoint = %e.id, "endpoint created through the admin api");
+    Ok((
+        StatusCode::CREATED,
+        Json(WithSecret {
+            endpoint: e.to_json(now_ms()),
+            secret: generated,
+        }),
+    ))
+}
+
+#[utoipa::path(
+    get, path = "/v1/endpoints/{id}", tag = "endpoints",
+    params(("id" = String, Path)),
+    responses((status = 200, body = EndpointView), (status = 401), (status = 404)),
+    security(("bearer" = []))
+)]
+pub async fn show(
+    State(c): State<Control>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+) -> ApiResult<Json<Value>> {
+    visible(&c, &caller, &id).map(|e| view(&e))
+}
+
+/// Fields to change; absent fields keep their value, `null` clears an optional one.
+#[derive(Debug, Default, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct UpdateEndpoint {
+    pub url: Option<String>,
+    /// Admin tokens only (a tenant token cannot move an endpoint to another tenant).
+    #[schema(value_type = Option<String>)]
+    pub tenant: Option<Value>,
+    pub event_types: Option<Vec<String>>,
+    pub enabled: Option<bool>,
+    #[schema(value_type = Option<String>)]
+    pub timeout: Option<Value>,
+    #[schema(value_type = Option<usize>)]
+    pub max_concurrency: Option<Value>,
+    /// The version you read: the write fails with 409 if the endpoint changed since.
+    pub version: Option<u64>,
+}
+
+/// `null` → `Some(None)`, a string → `Some(Some(s))`.
+fn nullable_text(field: &str, v: Option<Value>) -> ApiResult<Option<Option<String>>> {
+    match v {
+        None => Ok(None),
+        Some(Value::Null) => Ok(Some(None)),
+        Some(Value::String(s)) => Ok(Some(Some(s))),
+        Some(_) => Err(ApiError::field(field, "must be a string or null")),
+    }
+}
+
+#[utoipa::path(
+    patch, path = "/v1/endpoints/{id}", tag = "endpoints",
+    params(("id" = String, Path)),
+    request_body = UpdateEndpoint,
+    responses(
+        (status = 200, body = EndpointView), (status = 400), (status = 401), (status = 403), (status = 404),
+        (status = 409, description = "`version` is stale, or the endpoint is file-managed"),
+    ),
+    security(("bearer" = []))
+)]
+pub async fn update(
+    State(c): State<Control>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+    req: Result<Json<UpdateEndpoint>, JsonRejection>,
+) -> ApiResult<Json<Value>> {
+    let req = body(req)?;
+    visible(&c, &caller, &id)?;
+    let tenant = match (nullable_text("tenant", req.tenant)?, caller.tenant()) {
+        (None, _) => None,
+        (Some(t), None) => Some(t),
+        // A tenant token may restate its own tenant (no change), nothing else.
+        (Some(Some(t)), Some(mine)) if t == mine => None,
+        (Some(t), Some(_)) => {
+            tenant_for(&caller, Some(t.unwrap_or_default()))?;
+            None
+        }
+    };
+    let timeout = match nullable_text("timeout", req.timeout)? {
+        None => None,
+        Some(None) => Some(None),
+        Some(Some(t)) => Some(Some(duration("timeout", &t)?)),
+    };
+    let max_concurrency = match req.max_concurrency {
+        None => None,
+        Some(Value::Null) => Some(None),
+        Some(v) => Some(Some(
+            v.as_u64()
+                .and_then(|n| usize::try_from(n).ok())
+                .ok_or_else(|| {
+                    ApiError::field("max_concurrency", "must be a positive integer or null")
+                })?,
+        )),
+    };
+    let change = EndpointUpdate {
+        url: req.url,
+        tenant,
+        event_types: req.event_types,
+        timeout,
+        max_concurrency,
+    };
+    let changes_definition = change.url.is_some()
+        || change.tenant.is_some()
+        || change.event_types.is_some()
+        || change.timeout.is_some()
+        || change.max_concurrency.is_some();
+    let mut expected = req.version;
+    let mut e = visible(&c, &caller, &id)?;
+    if changes_definition {
+        e = c
+            .registry
+            .update(&id, change, expected)
+            .await
+            .map_err(write_error)?;
+        expected = Some(e.version);
+    }
+    if let Some(enabled) = req.enabled.filter(|en| *en != e.enabled) {
+        e = c
+            .registry
+            .set_enabled(&id, enabled, expected)
+            .await
+            .map_err(write_error)?;
+    }
+    tracing::info!(caller = %caller.name, endpoint = %id, "endpoint updated through the admin api");
+    Ok(view(&e))
+}
+
+#[derive(Debug, Default, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct VersionQuery {
+    /// The version you read (409 if it changed since); absent: delete whatever is there.
+    pub version: Option<u64>,
+}
+
+#[utoipa::path(
+    delete, path = "/v1/endpoints/{id}", tag = "endpoints",
+    params(("id" = String, Path), VersionQuery),
+    responses(
+        (status = 204, description = "deleted: its queued retries end in the DLQ as `endpoint_removed`"),
+        (status = 401), (status = 404), (status = 409),
+    ),
+    security(("bearer" = []))
+)]
+pub async fn delete(
+    State(c): State<Control>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+    Query(q): Query<VersionQuery>,
+) -> ApiResult<StatusCode> {
+    visible(&c, &caller, &id)?;
+    c.registry
+        .delete(&id, q.version)
+        .await
+        .map_err(write_error)?;
+    tracing::info!(caller = %caller.name, endpoint = %id, "endpoint deleted through the admin api");
+    Ok(StatusCode::NO_CONTENT)
+}
+
+#[derive(Debug, Default, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RotateSecret {
+    /// The new `whsec_…`; absent: one is generated and returned once.
+    pub secret: Option<String>,
+    /// How long the current secrets keep signing beside the new one (default
+    /// `control.secret_rotation_grace`, 24 h).
+    pub grace: Option<String>,
+    pub version: Option<u64>,
+}
+
+#[utoipa::path(
+    post, path = "/v1/endpoints/{id}/rotate-secret", tag = "endpoints",
+    params(("id" = String, Path)),
+    request_body = RotateSecret,
+    responses((status = 200, body = WithSecret), (status = 400), (status = 401), (status = 404), (status = 409)),
+    security(("bearer" = []))
+)]
+pub async fn rotate_secret(
+    State(c): State<Control>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+    req: Result<Json<RotateSecret>, JsonRejection>,
+) -> ApiResult<Json<WithSecret>> {
+    let req = body(req)?;
+    visible(&c, &caller, &id)?;
+    let grace = req
+        .grace
+        .as_deref()
+        .map(|g| duration("grace", g))
+        .transpose()?;
+    let generated = req.secret.is_none().then(generate_secret);
+    let secret = req.secret.or_else(|| generated.clone());
+    let e = c
+        .registry
+        .rotate_secret(&id, secret, grace, req.version)
+        .await
+        .map_err(write_error)?;
+    tracing::info!(caller = %caller.name, endpoint = %id, "endpoint secret rotated through the admin api");
+    Ok(Json(WithSecret {
+        endpoint: e.to_json(now_ms()),
+        secret: generated,
+    }))
+}
+
+#[utoipa::path(
+    get, path = "/v1/endpoints/{id}/health", tag = "endpoints",
+    params(("id" = String, Path)),
+    responses(
+        (status = 200, description = "status, success rate, last attempt and error, consecutive failures, failing since, dead letters — the same on every pod", body = Object),
+        (status = 401), (status = 404),
+    ),
+    security(("bearer" = []))
+)]
+pub async fn health(
+    State(c): State<Control>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+) -> ApiResult<Json<HealthReport>> {
+    visible(&c, &caller, &id)?;
+    Ok(Json(c.health.report(&id)))
+}
