@@ -1,5 +1,5 @@
 # hookline container image, one image for every subcommand (`run deduper|dispatcher|retry-tiers|
-# all`, `topics apply`, `receiver`, `demo produce`, `dead`, `replay`):
+# admin|all`, `topics apply`, `receiver`, `demo produce`, `dead`, `replay`, `admin token`):
 #   docker build -t hookline .
 # Runs as the numeric user 10001 (Kubernetes `runAsNonRoot` can verify it) and needs no writable
 # path, so `readOnlyRootFilesystem: true` works.
@@ -28,6 +28,8 @@ COPY --from=build /src/target/release/hookline /usr/local/bin/hookline
 COPY deploy/docker/hookline.toml /etc/hookline/hookline.toml
 USER 10001:10001
 ENV HOOKLINE_CONFIG=/etc/hookline/hookline.toml
-EXPOSE 9464
+# 9464: /metrics, /healthz, /readyz (server.listen); 8090: the admin API (`run admin`, with
+# admin.listen set to 0.0.0.0:8090: its default is loopback).
+EXPOSE 9464 8090
 ENTRYPOINT ["hookline"]
 CMD ["run", "all"]

@@ -8,6 +8,10 @@ Kubernetes version), checks the security and probe settings the README promises,
 environment). Monitoring: `promtool check rules`, `promtool test rules`, the PrometheusRule in step
 with the rule file, the Grafana JSON parses. Compose: every hookline service's command is a real
 subcommand, every mounted config passes `config check`, health checks and restart policies.
+The admin API (both): it has at least one `[[admin.tokens]]` (it refuses to start without), listens
+on all interfaces of its pod / container on the port its Service / published port names, is
+reachable only from named sources, and no token whose clear text the repository publishes
+(the local compose stack's, in the README) opens the Kubernetes example.
 
 Which metrics the rules and the dashboard may use is checked against the real binary's /metrics
 by tests/it/deploy.rs (it needs a broker and traffic).
@@ -17,6 +21,7 @@ Usage: check_deploy.py --hookline BIN --kustomize BIN --kubernetes-validate BIN 
 
 import argparse
 import base64
+import hashlib
 import json
 import os
 import re
@@ -31,8 +36,14 @@ ROOT = Path(__file__).resolve().parent.parent
 KUBERNETES_VERSION = "1.33.0"
 OVERLAY = ROOT / "deploy/kubernetes/overlays/example"
 KEDA = ROOT / "deploy/kubernetes/components/keda"
-# Long-running stages (probes, grace period); the topics Job runs to completion.
-STAGES = {"hookline-deduper", "hookline-dispatcher", "hookline-retry-tiers"}
+# Long-running processes (probes, grace period); the topics Job runs to completion.
+STAGES = {"hookline-deduper", "hookline-dispatcher", "hookline-retry-tiers", "hookline-admin"}
+# Components that get a PodDisruptionBudget.
+COMPONENTS = {"deduper", "dispatcher", "retry-tiers", "admin"}
+# `admin.listen`'s default (common/src/admin_config.rs): loopback.
+ADMIN_LISTEN_DEFAULT = "127.0.0.1:8090"
+# What `hookline admin token` prints: hlk_ + 64 hex digits.
+TOKEN_RE = re.compile(r"\bhlk_[0-9a-f]{64}\b")
 
 passed, failed = 0, 0
 
@@ -71,6 +82,24 @@ def subcommand_ok(hookline, args):
     """A command line is accepted by the binary's argument parser (`… --help` exits 0)."""
     code, out = run([hookline, *args, "--help"], env=hookline_env({}))
     return code == 0, out.strip().splitlines()[-1] if out.strip() else ""
+
+
+def published_token_hashes():
+    """SHA-256 of every clear token (`hlk_…`) written anywhere in the repository's docs and
+    deploy files: such a token is known to every reader."""
+    files = [ROOT / "README.md", ROOT / "docker-compose.yml", *ROOT.glob("docs/**/*.md"),
+             *(p for p in ROOT.glob("deploy/**/*") if p.is_file())]
+    return {hashlib.sha256(t.encode()).hexdigest()
+            for f in files for t in TOKEN_RE.findall(f.read_text(errors="replace"))}
+
+
+def admin_listen(config, env):
+    """`admin.listen` as the process sees it: the environment override, else the file."""
+    return env.get("HOOKLINE_ADMIN__LISTEN") or config.get("admin", {}).get("listen", ADMIN_LISTEN_DEFAULT)
+
+
+def token_hashes(config):
+    return {t.get("sha256") for t in config.get("admin", {}).get("tokens", [])}
 
 
 def render(kustomize, path):
@@ -186,7 +215,9 @@ def check_kubernetes(args):
             check(f"{o['metadata']['name']}: no static membership (pod names change on rollout)",
                   "HOOKLINE_KAFKA__INSTANCE_ID" not in names)
     pdbs = {o["spec"]["selector"]["matchLabels"].get("app.kubernetes.io/component") for o in by_kind["PodDisruptionBudget"]}
-    check("a PodDisruptionBudget per stage", {"deduper", "dispatcher", "retry-tiers"} <= pdbs, str(pdbs))
+    check("a PodDisruptionBudget per stage and the admin API", COMPONENTS <= pdbs, str(pdbs))
+    check_services(objects, by_kind)
+    check_admin(objects, by_kind, config)
     check("HPA on the dispatcher", any(o["spec"]["scaleTargetRef"]["name"] == "hookline-dispatcher"
                                        for o in by_kind.get("HorizontalPodAutoscaler", [])))
     np = by_kind["NetworkPolicy"][0]["spec"]
@@ -203,6 +234,63 @@ def check_kubernetes(args):
     so = [o for o in with_keda_objects if o["kind"] == "ScaledObject"]
     check("keda component: a ScaledObject on the dispatcher replaces the CPU HPA",
           "HorizontalPodAutoscaler" not in kinds and so and so[0]["spec"]["scaleTargetRef"]["name"] == "hookline-dispatcher")
+
+
+def template_labels(o):
+    return o["spec"]["template"]["metadata"].get("labels", {})
+
+
+def check_services(objects, by_kind):
+    """Every Service selects pods, and each of its ports targets a port those pods declare."""
+    for svc in by_kind.get("Service", []):
+        name = svc["metadata"]["name"]
+        selector = svc["spec"].get("selector", {})
+        pods = [spec for o, spec in pod_specs(objects)
+                if selector and selector.items() <= template_labels(o).items()]
+        check(f"Service {name}: selects pods", bool(pods), str(selector))
+        declared = {(p.get("name"), p["containerPort"]) for spec in pods
+                    for c in spec["containers"] for p in c.get("ports", [])}
+        for port in svc["spec"]["ports"]:
+            target = port.get("targetPort", port["port"])
+            check(f"Service {name}: port {port.get('name')} ({port['port']}) targets a port of its pods",
+                  any(target in pair for pair in declared), f"{target} vs {sorted(declared)}")
+
+
+def check_admin(objects, by_kind, config):
+    """The admin Deployment: tokens, where it listens, its Service and who may reach it."""
+    admin = [o for o in by_kind.get("Deployment", []) if o["metadata"]["name"] == "hookline-admin"]
+    check("a Deployment hookline-admin", bool(admin))
+    if not admin:
+        return
+    o = admin[0]
+    c = o["spec"]["template"]["spec"]["containers"][0]
+    check("hookline-admin: runs `hookline run admin` (no --dev: that is for loopback)",
+          c.get("args") == ["run", "admin"], str(c.get("args")))
+    check("hookline-admin: 2 replicas or more", o["spec"].get("replicas", 1) >= 2)
+    tokens = config.get("admin", {}).get("tokens", [])
+    check("the assembled config has at least one [[admin.tokens]] (run admin refuses to start without)",
+          len(tokens) >= 1)
+    published = published_token_hashes() & token_hashes(config)
+    check("no [[admin.tokens]] of the overlay belongs to a clear token published in the repository",
+          not published, str(published))
+    env = {e["name"]: e.get("value", "") for e in c.get("env", [])}
+    listen = admin_listen(config, env)
+    ports = {p["name"]: p["containerPort"] for p in c.get("ports", [])}
+    check("hookline-admin: admin.listen is on all interfaces of the pod, on port `http`",
+          listen.startswith("0.0.0.0:") and ports.get("http") == int(listen.rsplit(":", 1)[1]),
+          f"{listen} vs {ports}")
+    services = [s for s in by_kind.get("Service", [])
+                if s["spec"].get("selector", {}).items() <= template_labels(o).items()
+                and s["spec"].get("selector")]
+    service_ports = {p.get("name"): p.get("targetPort") for s in services for p in s["spec"]["ports"]}
+    check("hookline-admin: a Service with port `http` (the API) and `ops` (metrics)",
+          service_ports.get("http") == "http" and service_ports.get("ops") == "ops", str(service_ports))
+    rules = [r for np in by_kind.get("NetworkPolicy", [])
+             if np["spec"]["podSelector"].get("matchLabels", {}).items() <= template_labels(o).items()
+             for r in np["spec"].get("ingress", [])]
+    admitting = [r for r in rules if any(p.get("port") in (ports.get("http"), "http") for p in r.get("ports", []))]
+    check("NetworkPolicy: the admin API port is admitted, from named sources only",
+          bool(admitting) and all(r.get("from") for r in admitting), str(admitting))
 
 
 def check_monitoring(args):
@@ -232,6 +320,9 @@ def check_compose(args):
     for name, svc in services.items():
         uses_hookline = "build" in svc or str(svc.get("image", "")).startswith("hookline")
         check(f"compose {name}: restart policy", "restart" in svc)
+        for port in svc.get("ports", []):
+            check(f"compose {name}: port {port} published on the host's loopback only",
+                  str(port).startswith("127.0.0.1:"))
         for dep in svc.get("depends_on", {}):
             check(f"compose {name}: depends on existing service {dep}", dep in services)
         for v in svc.get("volumes", []):
@@ -259,11 +350,42 @@ def check_compose(args):
                 if demo and "--secret" in receiver_secret:
                     s = receiver_secret[receiver_secret.index("--secret") + 1]
                     check(f"compose {name}: the receiver verifies the demo endpoint's secret", s in demo[0]["secrets"])
-    for name in ("kafka", "hookline", "receiver"):
+    for name in ("kafka", "hookline", "receiver", "admin"):
         check(f"compose {name}: health check", "healthcheck" in services.get(name, {}))
+    check_compose_admin(services)
     kafka_volumes = services["kafka"].get("volumes", [])
     check("compose kafka: data on a named volume (the DLQ survives `down`)",
           any(v.split(":")[1] == services["kafka"]["environment"].get("KAFKA_LOG_DIRS") for v in kafka_volumes))
+
+
+def check_compose_admin(services):
+    """The compose `admin` service: `run admin`, reachable from the host's loopback on the port
+    it listens on, with a token whose clear text the README gives for the local stack."""
+    import tomllib
+    svc = services.get("admin")
+    check("compose admin: a service running `hookline run admin`",
+          bool(svc) and svc.get("command") == ["run", "admin"], str(svc and svc.get("command")))
+    if not svc:
+        return
+    env = {k: str(v) for k, v in (svc.get("environment") or {}).items()}
+    configs = [v.split(":")[0] for v in svc.get("volumes", []) if v.split(":")[0].endswith(".toml")]
+    check("compose admin: mounts a config", len(configs) == 1, str(configs))
+    if len(configs) != 1:
+        return
+    cfg = tomllib.loads((ROOT / configs[0]).read_text())
+    listen = admin_listen(cfg, env)
+    port = listen.rsplit(":", 1)[1]
+    check("compose admin: admin.listen is on all interfaces of its container", listen.startswith("0.0.0.0:"), listen)
+    check(f"compose admin: port {port} published on 127.0.0.1 of the host",
+          f"127.0.0.1:{port}:{port}" in [str(p) for p in svc.get("ports", [])], str(svc.get("ports")))
+    check("compose admin: the config has at least one [[admin.tokens]] (run admin refuses to start without)",
+          bool(token_hashes(cfg)))
+    readme = (ROOT / "README.md").read_text()
+    compose_section = readme.split("\n## Docker Compose", 1)[-1].split("\n## ", 1)[0]
+    clear = TOKEN_RE.findall(compose_section)
+    check("compose admin: the clear token in README \"Docker Compose\" opens it",
+          bool(clear) and all(hashlib.sha256(t.encode()).hexdigest() in token_hashes(cfg) for t in clear),
+          f"{len(clear)} token(s) in the section")
 
 
 def main():

@@ -1,7 +1,8 @@
 //! Deployment concerns proven against the real broker and the real binary: the HTTP client
 //! trusts a company CA given the way containers give one (`SSL_CERT_FILE`, or the image's system
-//! store), and every metric the alert rules and the Grafana dashboard use is one the binary
-//! exports after traffic.
+//! store), every metric the alert rules and the Grafana dashboard use is one the binary
+//! exports after traffic, and the Compose stack's admin service starts from its config, becomes
+//! ready and opens to the token the README gives for it.
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -9,6 +10,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use rdkafka::Message as _;
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio_rustls::rustls;
 use tokio_rustls::rustls::pki_types::pem::PemObject as _;
@@ -594,4 +596,155 @@ async fn alerts_and_dashboard_use_only_metrics_the_binary_exports_after_traffic(
     .expect("the Grafana dashboard is valid JSON");
     assert!(dashboard["panels"].as_array().is_some_and(|p| p.len() > 5));
     assert!(used_hookline.len() >= 20, "only {used_hookline:?}");
+}
+
+/// The clear admin token the README's "Docker Compose" section gives for the local stack.
+fn readme_compose_token(root: &Path) -> String {
+    let readme = std::fs::read_to_string(root.join("README.md")).expect("README.md");
+    let section = readme
+        .split_once("\n## Docker Compose")
+        .map(|(_, rest)| rest.split_once("\n## ").map_or(rest, |(s, _)| s))
+        .expect("README has a \"Docker Compose\" section");
+    let start = section
+        .find("hlk_")
+        .expect("the Docker Compose section gives the stack's admin token");
+    let token: String = section[start..]
+        .chars()
+        .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+        .collect();
+    assert_eq!(token.len(), 4 + 64, "not a `hookline admin token`: {token}");
+    token
+}
+
+/// The `addr` of the first JSON log line whose message starts with `message`.
+fn logged_addr(log: &Path, message: &str) -> Option<String> {
+    let text = std::fs::read_to_string(log).ok()?;
+    text.lines().find_map(|l| {
+        let v: serde_json::Value = serde_json::from_str(l).ok()?;
+        if !v["message"].as_str()?.starts_with(message) {
+            return None;
+        }
+        v["addr"].as_str().map(str::to_string)
+    })
+}
+
+/// The Compose `admin` service's process: `hookline run admin` with deploy/compose/hookline.toml,
+/// listening on all interfaces as the service does (`HOOKLINE_ADMIN__LISTEN`, here on a free
+/// port), with Kafka and the ops port pointed at the test's. It reports ready on `/readyz` (its
+/// `admin` probe) once its ingest has read the idempotency claims; the README's clear token opens
+/// the API and publishes an event onto `<p>.events`; another token is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn compose_admin_service_gets_ready_and_the_readme_token_opens_it() {
+    require_kafka();
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let prefix = unique_prefix("compose-admin");
+    let dir = std::env::temp_dir().join(&prefix);
+    std::fs::create_dir_all(&dir).expect("tmp dir");
+    // deploy/compose/hookline.toml's topic plan (3 partitions, its schedule) under a test prefix.
+    apply_topics(&test_config(
+        &prefix,
+        "[retry]\nschedule = [\"0s\", \"5s\", \"15s\", \"30s\"]",
+    ))
+    .await;
+    let token = readme_compose_token(root);
+    let bootstrap = bootstrap();
+    let log = dir.join("admin.log");
+    let _admin = Hookline::start(
+        &root.join("deploy/compose/hookline.toml"),
+        &["run", "admin"],
+        &[
+            ("HOOKLINE_KAFKA__BOOTSTRAP_SERVERS", bootstrap.as_str()),
+            ("HOOKLINE_TOPICS__PREFIX", prefix.as_str()),
+            ("HOOKLINE_SERVER__LISTEN", "127.0.0.1:0"),
+            ("HOOKLINE_ADMIN__LISTEN", "0.0.0.0:0"),
+            ("HOOKLINE_LOG__FORMAT", "json"),
+        ],
+        &log,
+    );
+    let log_text = || std::fs::read_to_string(&log).unwrap_or_default();
+
+    // Ready on the ops server, as the compose health check and the Kubernetes probe ask.
+    let start = Instant::now();
+    let (ops, api) = loop {
+        let ops = ops_addr(&log);
+        let api = logged_addr(&log, "admin api listening");
+        if let (Some(ops), Some(api)) = (&ops, &api) {
+            if get(&format!("http://{ops}/readyz")).is_some_and(|b| b.trim() == "ready") {
+                break (ops.clone(), api.clone());
+            }
+        }
+        assert!(
+            start.elapsed() < WAIT,
+            "the admin process was not ready within {WAIT:?}; log: {}",
+            log_text()
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    };
+    assert!(
+        api.starts_with("0.0.0.0:"),
+        "listens on all interfaces: {api}"
+    );
+    let api = api.replacen("0.0.0.0", "127.0.0.1", 1);
+    let metrics = get(&format!("http://{ops}/metrics")).expect("/metrics");
+    assert!(
+        metrics.contains("hookline_ingest_idempotency_keys"),
+        "the admin process's metrics are on its ops port"
+    );
+
+    let http = reqwest::Client::new();
+    let dead_letters = format!("http://{api}/v1/dead-letters");
+    let status = |r: Result<reqwest::Response, reqwest::Error>| r.expect("request").status();
+    assert_eq!(
+        status(http.get(&dead_letters).send().await),
+        reqwest::StatusCode::UNAUTHORIZED
+    );
+    assert_eq!(
+        status(
+            http.get(&dead_letters)
+                .bearer_auth(format!("hlk_{}", "0".repeat(64)))
+                .send()
+                .await
+        ),
+        reqwest::StatusCode::UNAUTHORIZED
+    );
+    let listed = http
+        .get(&dead_letters)
+        .bearer_auth(&token)
+        .send()
+        .await
+        .expect("list dead letters");
+    assert_eq!(listed.status(), reqwest::StatusCode::OK, "{}", log_text());
+    let body: serde_json::Value = listed.json().await.expect("JSON");
+    assert!(body["items"].is_array(), "{body}");
+
+    // The README's example publish: 202 and the event on `<p>.events`.
+    let published = http
+        .post(format!("http://{api}/v1/events"))
+        .bearer_auth(&token)
+        .header("Idempotency-Key", "try-1")
+        .header("content-type", "application/json")
+        .body(r#"{"type":"order.paid","data":{"order":1}}"#)
+        .send()
+        .await
+        .expect("publish");
+    assert_eq!(
+        published.status(),
+        reqwest::StatusCode::ACCEPTED,
+        "{}",
+        log_text()
+    );
+    let answer: serde_json::Value = published.json().await.expect("JSON");
+    let id = answer["id"].as_str().expect("an id").to_string();
+    let events = format!("{prefix}.events");
+    let has_id = move |records: &[rdkafka::message::OwnedMessage]| {
+        records.iter().any(|r| {
+            r.payload()
+                .and_then(|p| serde_json::from_slice::<serde_json::Value>(p).ok())
+                .is_some_and(|v| v["id"] == id.as_str())
+        })
+    };
+    let found = tokio::task::spawn_blocking(move || has_id(&read_until(&events, WAIT, &has_id)))
+        .await
+        .expect("reader");
+    assert!(found, "the published event is not on <p>.events");
 }
