@@ -25,6 +25,7 @@ fn hookline() -> Command {
             cmd.env_remove(k);
         }
     }
+    cmd.env("HOOKLINE_SECRETS_KEY", crate::harness::secrets_key());
     cmd
 }
 

@@ -43,6 +43,7 @@ impl Hookline {
             .arg("--config")
             .arg(config)
             .args(args)
+            .env("HOOKLINE_SECRETS_KEY", crate::harness::secrets_key())
             .envs(env.iter().copied())
             .env_remove("RUST_LOG")
             .stdout(Stdio::null())

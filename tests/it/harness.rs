@@ -317,3 +317,11 @@ pub fn ops_addr(log: &std::path::Path) -> Option<String> {
         v["addr"].as_str().map(str::to_string)
     })
 }
+
+/// One endpoint secrets key (`HOOKLINE_SECRETS_KEY`) for every process of the test binary: a
+/// second process must open what the first sealed.
+pub fn secrets_key() -> String {
+    static KEY: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    KEY.get_or_init(hookline_control::Keyring::generate_key)
+        .clone()
+}
