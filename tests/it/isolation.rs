@@ -218,9 +218,13 @@ async fn a_hanging_endpoint_costs_only_itself() {
         deferrals >= N - 8,
         "only {deferrals} deferred: more than the 4 slots' worth waited for the endpoint"
     );
+    // The counter counts deferral decisions. Under load a rebalance can cut a partition's work
+    // after the decision: the stale owner's write is refused by the ownership gate and the new
+    // owner defers the event again (counted twice, written once). So: at least every deferral on
+    // the tier, never fewer.
     let deferred = counter(&registry, "hookline_dispatcher_deferred_total", None);
-    assert_eq!(
-        deferred as usize, deferrals,
-        "hookline_dispatcher_deferred_total"
+    assert!(
+        deferred as usize >= deferrals,
+        "hookline_dispatcher_deferred_total {deferred} < {deferrals} deferrals on the tier"
     );
 }
