@@ -16,8 +16,9 @@ pub mod views;
 
 use std::sync::Arc;
 
-use axum::extract::{Form, Path, Query, State};
+use axum::extract::{Form, FromRequestParts, Path, Query, State};
 use axum::http::header::{CACHE_CONTROL, CONTENT_TYPE, COOKIE, LOCATION, SET_COOKIE};
+use axum::http::request::Parts;
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -124,6 +125,24 @@ fn session<B: Backend>(backend: &B, headers: &HeaderMap) -> Result<Session, Deni
     Ok(Session { token, scope })
 }
 
+/// Every page handler takes a [`Session`]: a request without one goes to the login page.
+impl<B: Backend> FromRequestParts<Arc<B>> for Session {
+    type Rejection = Denied;
+
+    async fn from_request_parts(parts: &mut Parts, backend: &Arc<B>) -> Result<Self, Denied> {
+        session(&**backend, &parts.headers)
+    }
+}
+
+/// A page, or the problem that replaces it.
+type PageResult = Result<Response, Problem>;
+
+impl IntoResponse for Problem {
+    fn into_response(self) -> Response {
+        problem(self)
+    }
+}
+
 fn html(status: StatusCode, markup: Markup) -> Response {
     (
         status,
@@ -228,90 +247,54 @@ async fn logout<B: Backend>(
         .into_response()
 }
 
-async fn endpoints_page<B: Backend>(State(b): State<Arc<B>>, headers: HeaderMap) -> Response {
-    let s = match session(&*b, &headers) {
-        Ok(s) => s,
-        Err(d) => return d.into_response(),
-    };
-    match b.endpoints(&s.scope).await {
-        Ok(rows) => page(&*b, &s, "Endpoints", views::endpoints(&rows)).await,
-        Err(p) => problem(p),
-    }
+async fn endpoints_page<B: Backend>(State(b): State<Arc<B>>, s: Session) -> PageResult {
+    let rows = b.endpoints(&s.scope).await?;
+    Ok(page(&*b, &s, "Endpoints", views::endpoints(&rows)).await)
 }
 
 async fn endpoint_page<B: Backend>(
     State(b): State<Arc<B>>,
-    headers: HeaderMap,
+    s: Session,
     Path(id): Path<String>,
-) -> Response {
-    let s = match session(&*b, &headers) {
-        Ok(s) => s,
-        Err(d) => return d.into_response(),
-    };
-    match b.endpoint(&s.scope, &id).await {
-        Ok((row, attempts)) => page(&*b, &s, &row.id, views::endpoint(&row, &attempts)).await,
-        Err(p) => problem(p),
-    }
+) -> PageResult {
+    let (row, attempts) = b.endpoint(&s.scope, &id).await?;
+    Ok(page(&*b, &s, &row.id, views::endpoint(&row, &attempts)).await)
 }
 
 async fn dead_page<B: Backend>(
     State(b): State<Arc<B>>,
-    headers: HeaderMap,
+    s: Session,
     Query(filter): Query<DeadFilter>,
-) -> Response {
-    let s = match session(&*b, &headers) {
-        Ok(s) => s,
-        Err(d) => return d.into_response(),
-    };
+) -> PageResult {
     let filter = filter.normalized();
-    match b.dead(&s.scope, &filter).await {
-        Ok(p) => {
-            let body = views::dead_list(&p, &filter, &s.csrf());
-            page(&*b, &s, "Dead deliveries", body).await
-        }
-        Err(p) => problem(p),
-    }
+    let p = b.dead(&s.scope, &filter).await?;
+    let body = views::dead_list(&p, &filter, &s.csrf());
+    Ok(page(&*b, &s, "Dead deliveries", body).await)
 }
 
 async fn dead_one_page<B: Backend>(
     State(b): State<Arc<B>>,
-    headers: HeaderMap,
+    s: Session,
     Path(position): Path<String>,
-) -> Response {
-    let s = match session(&*b, &headers) {
-        Ok(s) => s,
-        Err(d) => return d.into_response(),
-    };
-    match b.dead_one(&s.scope, &position).await {
-        Ok(d) => {
-            let body = views::dead_one(&d, &s.csrf());
-            page(&*b, &s, "Dead delivery", body).await
-        }
-        Err(p) => problem(p),
-    }
+) -> PageResult {
+    let d = b.dead_one(&s.scope, &position).await?;
+    let body = views::dead_one(&d, &s.csrf());
+    Ok(page(&*b, &s, "Dead delivery", body).await)
 }
 
 async fn replay_one<B: Backend>(
     State(b): State<Arc<B>>,
-    headers: HeaderMap,
+    s: Session,
     Path(position): Path<String>,
     Form(form): Form<CsrfForm>,
-) -> Response {
-    let s = match session(&*b, &headers) {
-        Ok(s) => s,
-        Err(d) => return d.into_response(),
-    };
-    if let Err(d) = s.check(&form.csrf) {
-        return d.into_response();
-    }
+) -> Result<Response, Response> {
+    s.check(&form.csrf).map_err(IntoResponse::into_response)?;
     let back = format!("/ui/dead/{}", views::urlencode(&position));
-    match b
+    let o = b
         .replay(&s.scope, Some(&position), &DeadFilter::default())
         .await
-    {
-        Ok(o) => page(&*b, &s, "Replay", views::replayed(&o, &back)).await,
-        Err(p) => problem(p),
-    }
+        .map_err(problem)?;
+    Ok(page(&*b, &s, "Replay", views::replayed(&o, &back)).await)
 }
 
 #[derive(Deserialize)]
@@ -328,16 +311,10 @@ struct ReplayForm {
 
 async fn replay_matching<B: Backend>(
     State(b): State<Arc<B>>,
-    headers: HeaderMap,
+    s: Session,
     Form(form): Form<ReplayForm>,
-) -> Response {
-    let s = match session(&*b, &headers) {
-        Ok(s) => s,
-        Err(d) => return d.into_response(),
-    };
-    if let Err(d) = s.check(&form.csrf) {
-        return d.into_response();
-    }
+) -> Result<Response, Response> {
+    s.check(&form.csrf).map_err(IntoResponse::into_response)?;
     let filter = DeadFilter {
         endpoint: form.endpoint,
         event_type: form.event_type,
@@ -345,10 +322,8 @@ async fn replay_matching<B: Backend>(
         cursor: None,
     }
     .normalized();
-    match b.replay(&s.scope, None, &filter).await {
-        Ok(o) => page(&*b, &s, "Replay", views::replayed(&o, "/ui/dead")).await,
-        Err(p) => problem(p),
-    }
+    let o = b.replay(&s.scope, None, &filter).await.map_err(problem)?;
+    Ok(page(&*b, &s, "Replay", views::replayed(&o, "/ui/dead")).await)
 }
 
 async fn counters<B: Backend>(State(b): State<Arc<B>>, headers: HeaderMap) -> Response {
