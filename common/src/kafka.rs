@@ -448,10 +448,50 @@ fn is_transient_code(code: RDKafkaErrorCode) -> bool {
     )
 }
 
-/// Runs a blocking Kafka call, retrying it while it fails with a [transient](is_transient) error:
-/// waits 100 ms, doubling up to 5 s, for at most [`TRANSIENT_RETRY_BUDGET`], logging each retry
-/// with `op` (what the call does, e.g. `watermarks of webhooks.dedupe-state[2]`) and the error.
-/// Any other error, or a transient one past the budget, is returned.
+/// The partition ids of `topic` from a metadata request. Transient errors are retried, and so,
+/// for up to `timeout`, is a topic not known yet (the seconds after `topics apply` created it);
+/// then an error naming `topics apply`.
+pub fn topic_partitions<C: ClientContext>(
+    client: &rdkafka::client::Client<C>,
+    topic: &str,
+    timeout: Duration,
+) -> anyhow::Result<Vec<i32>> {
+    let started = Instant::now();
+    loop {
+        let ids = match retry_transient(&format!("metadata of {topic}"), || {
+            client.fetch_metadata(Some(topic), timeout)
+        }) {
+            Ok(md) => md
+                .topics()
+                .iter()
+                .filter(|t| t.name() == topic)
+                .flat_map(|t| t.partitions().iter().map(|p| p.id()))
+                .collect(),
+            Err(e)
+                if matches!(
+                    e.rdkafka_error_code(),
+                    Some(
+                        RDKafkaErrorCode::UnknownPartition
+                            | RDKafkaErrorCode::UnknownTopicOrPartition
+                            | RDKafkaErrorCode::UnknownTopic
+                    )
+                ) =>
+            {
+                Vec::new()
+            }
+            Err(e) => return Err(e).with_context(|| format!("reading the metadata of {topic}")),
+        };
+        if !ids.is_empty() {
+            return Ok(ids);
+        }
+        anyhow::ensure!(
+            started.elapsed() < timeout,
+            "topic {topic} does not exist: run `hookline topics apply` first"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
 pub fn retry_transient<T>(
     op: &str,
     mut call: impl FnMut() -> Result<T, KafkaError>,

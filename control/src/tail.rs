@@ -206,21 +206,7 @@ fn partitions<C: ConsumerContext>(
     consumer: &rdkafka::consumer::BaseConsumer<C>,
     topic: &str,
 ) -> anyhow::Result<Vec<i32>> {
-    let md = retry(&format!("metadata of {topic}"), || {
-        consumer.fetch_metadata(Some(topic), TIMEOUT)
-    })
-    .with_context(|| format!("reading the metadata of {topic}"))?;
-    let ps: Vec<i32> = md
-        .topics()
-        .iter()
-        .filter(|t| t.name() == topic)
-        .flat_map(|t| t.partitions().iter().map(|p| p.id()))
-        .collect();
-    anyhow::ensure!(
-        !ps.is_empty(),
-        "topic {topic} does not exist: run `hookline topics apply` first"
-    );
-    Ok(ps)
+    hookline_common::kafka::topic_partitions(consumer.client(), topic, TIMEOUT)
 }
 
 fn watermarks<C: ConsumerContext>(
@@ -248,20 +234,7 @@ fn plan(
         only_partition,
     } in topics
     {
-        let md = retry(&format!("metadata of {topic}"), || {
-            base.fetch_metadata(Some(topic), TIMEOUT)
-        })
-        .with_context(|| format!("reading the metadata of {topic}"))?;
-        let ps: Vec<i32> = md
-            .topics()
-            .iter()
-            .filter(|t| t.name() == topic)
-            .flat_map(|t| t.partitions().iter().map(|p| p.id()))
-            .collect();
-        anyhow::ensure!(
-            !ps.is_empty(),
-            "topic {topic} does not exist: run `hookline topics apply` first"
-        );
+        let ps = hookline_common::kafka::topic_partitions(base, topic, TIMEOUT)?;
         let ps: Vec<i32> = match only_partition {
             Some(p) if ps.contains(p) => vec![*p],
             Some(p) => anyhow::bail!("topic {topic} has no partition {p}"),

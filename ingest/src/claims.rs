@@ -256,20 +256,7 @@ fn start_positions(
     window: Duration,
 ) -> anyhow::Result<(TopicPartitionList, Positions, Positions)> {
     let timeout = Duration::from_secs(10);
-    let md = retry_transient(&format!("metadata of {topic}"), || {
-        consumer.fetch_metadata(Some(topic), timeout)
-    })
-    .with_context(|| format!("reading the metadata of {topic}"))?;
-    let partitions: Vec<i32> = md
-        .topics()
-        .iter()
-        .filter(|t| t.name() == topic)
-        .flat_map(|t| t.partitions().iter().map(|p| p.id()))
-        .collect();
-    anyhow::ensure!(
-        !partitions.is_empty(),
-        "topic {topic} is missing: run `hookline topics apply`"
-    );
+    let partitions = hookline_common::kafka::topic_partitions(consumer.client(), topic, timeout)?;
     let since = hookline_common::delivery::now_ms() - window.as_millis() as i64;
     let mut query = TopicPartitionList::new();
     for p in &partitions {
