@@ -33,6 +33,7 @@ use hookline_common::config::Config;
 use hookline_common::ops::{Readiness, StageProbe};
 use hookline_common::shutdown::Shutdown;
 use hookline_ingest::Ingest;
+use hookline_retry_tiers::replay::Replays;
 
 use crate::auth::Tokens;
 
@@ -69,6 +70,8 @@ pub struct App {
     pub config: Arc<Config>,
     pub tokens: Arc<Tokens>,
     pub ingest: Arc<Ingest>,
+    /// Every replay of the process (API and dashboard) attempts through these.
+    pub replays: Arc<Replays>,
 }
 
 /// The API routes and their OpenAPI document, from one table.
@@ -84,7 +87,10 @@ pub fn api(app: &App) -> (Router, utoipa::openapi::OpenApi) {
         .routes(routes!(dead::replay_matching))
         .routes(routes!(dead::show))
         .routes(routes!(dead::replay_one))
-        .with_state(app.config.clone());
+        .with_state(dead::DeadState {
+            config: app.config.clone(),
+            replays: app.replays.clone(),
+        });
     let (router, doc) = OpenApiRouter::with_openapi(ApiDoc::openapi())
         .merge(events)
         .merge(dead_letters)
@@ -110,6 +116,7 @@ pub fn router(app: &App) -> Router {
     let ui = hookline_dashboard::router(Arc::new(ui::DashboardData {
         config: app.config.clone(),
         tokens: app.tokens.clone(),
+        replays: app.replays.clone(),
     }));
     api.merge(openapi).merge(ui)
 }
@@ -207,10 +214,12 @@ impl Bound {
         let ingest = Ingest::start(&config, registry, config.admin.idempotency_keys)
             .await
             .context("starting the ingest (POST /v1/events)")?;
+        let replays = Replays::new(config.clone(), registry).context("setting up replays")?;
         let app = App {
             config,
             tokens: Arc::new(tokens),
             ingest: Arc::new(ingest),
+            replays: Arc::new(replays),
         };
         Ok(Bound {
             addr,
