@@ -30,7 +30,7 @@ use serde_json::json;
 use hookline_common::config::{Config, LogConfig, LogFormat};
 use hookline_common::secret::decode_secret;
 use hookline_common::{kafka, shutdown, telemetry, topics};
-use hookline_dispatcher::signing;
+use hookline_delivery::signing;
 
 /// Largest body the receiver reads; beyond it answers 413.
 const MAX_BODY_BYTES: usize = 1 << 20;

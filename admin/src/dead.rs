@@ -16,9 +16,29 @@ use utoipa::{IntoParams, ToSchema};
 use hookline_common::config::Config;
 use hookline_retry_tiers::dead::{self, DeadFilter, DeadRecord, DlqPosition};
 use hookline_retry_tiers::dead_page::{self, Cursor};
-use hookline_retry_tiers::replay::{self, ReplayOptions, ReplaySummary};
+use hookline_retry_tiers::replay::{self, ReplayOptions, ReplaySummary, Replays};
 
 use crate::auth::Caller;
+
+/// What the dead-letter routes share: the config (reads) and the process's replays (their
+/// engine and `hookline_delivery_*{stage="replay"}` series).
+#[derive(Clone)]
+pub struct DeadState {
+    pub config: Arc<Config>,
+    pub replays: Arc<Replays>,
+}
+
+impl axum::extract::FromRef<DeadState> for Arc<Config> {
+    fn from_ref(state: &DeadState) -> Self {
+        state.config.clone()
+    }
+}
+
+impl axum::extract::FromRef<DeadState> for Arc<Replays> {
+    fn from_ref(state: &DeadState) -> Self {
+        state.replays.clone()
+    }
+}
 use crate::error::{ApiError, ApiResult};
 
 /// Longest page.
@@ -208,6 +228,7 @@ pub async fn show(
 )]
 pub async fn replay_one(
     State(config): State<Arc<Config>>,
+    State(replays): State<Arc<Replays>>,
     Extension(caller): Extension<Caller>,
     Path(position): Path<String>,
 ) -> ApiResult<Json<ReplayResult>> {
@@ -222,7 +243,7 @@ pub async fn replay_one(
         },
     );
     run(
-        &config,
+        &replays,
         &caller,
         ReplayOptions {
             filter,
@@ -243,7 +264,7 @@ pub async fn replay_one(
     security(("bearer" = []))
 )]
 pub async fn replay_matching(
-    State(config): State<Arc<Config>>,
+    State(replays): State<Arc<Replays>>,
     Extension(caller): Extension<Caller>,
     body: Result<Json<ReplayRequest>, axum::extract::rejection::JsonRejection>,
 ) -> ApiResult<Json<ReplayResult>> {
@@ -275,19 +296,20 @@ pub async fn replay_matching(
         concurrency,
         ..ReplayOptions::default()
     };
-    run(&config, &caller, options).await.map(Json)
+    run(&replays, &caller, options).await.map(Json)
 }
 
 /// Runs a replay as the CLI does, capturing its lines.
 pub async fn run(
-    config: &Arc<Config>,
+    replays: &Replays,
     caller: &Caller,
     options: ReplayOptions,
 ) -> ApiResult<ReplayResult> {
     let dry_run = options.dry_run;
     let mut out: Vec<u8> = Vec::new();
     tracing::info!(caller = %caller.name, dry_run, "replay requested through the admin api");
-    let summary: ReplaySummary = replay::run(config.clone(), options, &mut out)
+    let summary: ReplaySummary = replays
+        .run(options, &mut out)
         .await
         .map_err(|e| ApiError::unavailable(&e))?;
     let lines = String::from_utf8_lossy(&out)

@@ -36,6 +36,7 @@ use hookline_common::config::Config;
 use hookline_common::ops::{Readiness, StageProbe};
 use hookline_common::shutdown::Shutdown;
 use hookline_ingest::Ingest;
+use hookline_retry_tiers::replay::Replays;
 
 use crate::auth::Tokens;
 
@@ -74,6 +75,8 @@ pub struct App {
     pub tokens: Arc<Tokens>,
     pub ingest: Arc<Ingest>,
     pub control: endpoints::Control,
+    /// Every replay of the process (API and dashboard) attempts through these.
+    pub replays: Arc<Replays>,
 }
 
 /// The API routes and their OpenAPI document, from one table.
@@ -102,7 +105,10 @@ pub fn api(app: &App) -> (Router, utoipa::openapi::OpenApi) {
         .routes(routes!(dead::replay_matching))
         .routes(routes!(dead::show))
         .routes(routes!(dead::replay_one))
-        .with_state(app.config.clone());
+        .with_state(dead::DeadState {
+            config: app.config.clone(),
+            replays: app.replays.clone(),
+        });
     let (router, doc) = OpenApiRouter::with_openapi(ApiDoc::openapi())
         .merge(events)
         .merge(trace)
@@ -131,6 +137,7 @@ pub fn router(app: &App) -> Router {
         config: app.config.clone(),
         tokens: app.tokens.clone(),
         control: app.control.clone(),
+        replays: app.replays.clone(),
     }));
     api.merge(openapi).merge(ui)
 }
@@ -224,6 +231,7 @@ impl Bound {
             hookline_control::tracker::Health::start(&config, Some(live.clone()), registry)
                 .await
                 .context("starting the endpoint health tracker")?;
+        let replays = Replays::new(config.clone(), registry).context("setting up replays")?;
         let app = App {
             config,
             tokens: Arc::new(tokens),
@@ -232,6 +240,7 @@ impl Bound {
                 registry: live,
                 health: Arc::new(health),
             },
+            replays: Arc::new(replays),
         };
         Ok(Bound {
             addr,

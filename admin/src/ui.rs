@@ -18,7 +18,7 @@ use hookline_dashboard::{
 };
 use hookline_retry_tiers::dead::{self, DeadRecord};
 use hookline_retry_tiers::dead_page::{self, Cursor};
-use hookline_retry_tiers::replay::{self, ReplayOptions};
+use hookline_retry_tiers::replay::{self, ReplayOptions, Replays};
 
 use crate::auth::{Caller, Tokens};
 use crate::endpoints::Control;
@@ -33,6 +33,7 @@ pub struct DashboardData {
     pub config: Arc<Config>,
     pub tokens: Arc<Tokens>,
     pub control: Control,
+    pub replays: Arc<Replays>,
 }
 
 fn caller(scope: &Scope) -> Caller {
@@ -311,7 +312,7 @@ impl Backend for DashboardData {
             filter: f,
             ..ReplayOptions::default()
         };
-        let r = crate::dead::run(&self.config, &who, options)
+        let r = crate::dead::run(&self.replays, &who, options)
             .await
             .map_err(problem)?;
         Ok(ReplayOutcome {

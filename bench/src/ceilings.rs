@@ -21,7 +21,7 @@ use serde::Serialize;
 
 use hookline_common::config::Config;
 use hookline_common::kafka::{base_config, consumer_config, producer_config};
-use hookline_dispatcher::signing;
+use hookline_delivery::signing;
 
 use crate::load::{self, Planned};
 use crate::stages::cpu_seconds;

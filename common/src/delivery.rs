@@ -309,13 +309,8 @@ pub fn truncate(s: &str, max: usize) -> String {
     s[..end].to_string()
 }
 
-/// Current unix time in ms.
-pub fn now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as i64)
-        .unwrap_or(0)
-}
+/// Current unix time in ms (the one clock helper, [`crate::clock`]).
+pub use crate::clock::now_ms;
 
 #[cfg(test)]
 mod tests {

@@ -11,12 +11,14 @@
 //! - [`ownership`]: per-partition assignment generations and the gate every hand-off or dead
 //!   letter passes, so work of a revoked partition never writes.
 //! - [`ops`]: `/metrics`, `/healthz`, `/readyz`; [`telemetry`]: logging; [`shutdown`]: SIGTERM.
+//! - [`clock`]: the wall clock in unix ms / s (one helper for every stage).
 //! - [`keyhash`]: the stable 128-bit hash of dedupe keys and the partition it picks.
 //! - [`produce`]: produce errors classified (permanent / transient / fatal) and acknowledged
 //!   sends; [`recordsize`]: record sizes and topic size limits; [`quarantine`]: the
 //!   `record_too_large` quarantine record.
 
 pub mod admin_config;
+pub mod clock;
 pub mod closing;
 pub mod config;
 pub mod control_config;

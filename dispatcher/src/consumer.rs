@@ -5,12 +5,12 @@
 //! Flow of one record:
 //! 1. the consumer loop reads it, checks the envelope headers the deduper wrote, picks the
 //!    matching endpoints ([`Endpoints::matching`]) and spawns one task per endpoint;
-//! 2. each task makes attempt 1 with the shared [`Engine`]; a failure becomes a delivery record
-//!    on the first tier (or `<p>.dlq` for a single-attempt schedule) and the task waits for
-//!    Kafka's acknowledgement. When the endpoint is saturated (its concurrency slots all busy
-//!    with requests that do not finish quickly: a slow or hanging endpoint), attempt 1 is not
-//!    made: the delivery is *deferred* to the first tier at once (attempt number unchanged, see
-//!    [`handoff::defer`]), so a slow endpoint holds up only its own deliveries;
+//! 2. each task makes attempt 1 through the shared delivery path ([`DeliveryPath::attempt`]); a
+//!    failure becomes a delivery record on the first tier (or `<p>.dlq` for a single-attempt
+//!    schedule) and the task waits for Kafka's acknowledgement. When the endpoint is saturated
+//!    (its concurrency slots all busy with requests that do not finish quickly: a slow or
+//!    hanging endpoint), attempt 1 is not made: the delivery is *deferred* to the first tier at
+//!    once (attempt number unchanged), so a slow endpoint holds up only its own deliveries;
 //! 3. the task that finishes the event's last delivery completes its offset in `Partitions`,
 //!    which stores `offset + 1` of the contiguous completed prefix.
 //!
@@ -69,8 +69,9 @@ use tokio::sync::{mpsc, watch};
 use tokio::task::JoinSet;
 use tracing::{debug, info, warn};
 
+use hookline_common::clock::now_ms;
 use hookline_common::config::{Config, EndpointConfig};
-use hookline_common::delivery::{now_ms, DeliveryMeta};
+use hookline_common::delivery::DeliveryMeta;
 use hookline_common::headers as h;
 use hookline_common::kafka::{consumer_config, producer_config};
 use hookline_common::ops::StageProbe;
@@ -81,10 +82,11 @@ use hookline_common::quarantine::Source;
 use hookline_common::shutdown::Shutdown;
 use hookline_common::topics::Topics;
 
-use crate::engine::{Admission, AttemptOutcome, AttemptResult, Engine, FailureClass};
-use crate::fanout::Endpoints;
-use crate::handoff::{self, Hop};
-use crate::handoff_write::{HopError, HopWriter, Written};
+use hookline_delivery::{
+    AttemptMetrics, Delivery, DeliveryPath, Engine, Hop, HopError, HopWriter, LiveEndpoints, Next,
+    Origin, Report, Turn, Why, Written,
+};
+
 use crate::metrics::{ConsumerMetrics, HandoffTarget};
 use crate::window::Window;
 
@@ -140,8 +142,11 @@ pub async fn run(
         &config.http,
         config.dispatcher.endpoint_concurrency,
         &registry,
+        STAGE,
     )
     .context("building the HTTP delivery engine")?;
+    let attempts =
+        AttemptMetrics::register(&registry, STAGE).context("registering attempt metrics")?;
     let partitions = Arc::new(Partitions::new(
         dispatch_topic.clone(),
         config.dispatcher.max_in_flight_per_partition,
@@ -178,21 +183,20 @@ pub async fn run(
         .with_context(|| format!("subscribing to {dispatch_topic}"))?;
 
     let (fatal_tx, mut fatal_rx) = mpsc::unbounded_channel();
+    let endpoints = LiveEndpoints::fixed(&config.endpoints);
+    let path = DeliveryPath::new(engine, endpoints, writer, &config.retry.schedule);
     let dispatcher = Arc::new(Dispatcher {
         consumer,
         producer,
-        writer,
         partitions,
-        engine,
-        endpoints: Endpoints::new(&config.endpoints),
-        topics,
-        schedule: config.retry.schedule.clone(),
+        path,
+        attempts,
         metrics,
         fatal: fatal_tx,
     });
     info!(
         topic = %dispatch_topic,
-        endpoints = dispatcher.endpoints.len(),
+        endpoints = dispatcher.path.endpoints().current().len(),
         first_hop = %first_hop,
         "dispatcher started"
     );
@@ -377,13 +381,11 @@ fn is_no_offset(e: &KafkaError) -> bool {
 struct Dispatcher {
     consumer: StreamConsumer<DispatchContext>,
     producer: FutureProducer,
-    /// Writes hand-offs, rerouting what can never be written as planned.
-    writer: HopWriter,
     partitions: Arc<Partitions>,
-    engine: Engine,
-    endpoints: Endpoints,
-    topics: Topics,
-    schedule: Vec<Duration>,
+    /// Attempts, next hops and hand-off writes (shared with the tiers and replay).
+    path: DeliveryPath,
+    /// `hookline_delivery_attempts_total{stage="dispatcher"}`.
+    attempts: AttemptMetrics,
     metrics: ConsumerMetrics,
     /// A hand-off Kafka refused: the loop returns it and the process exits non-zero.
     fatal: mpsc::UnboundedSender<anyhow::Error>,
@@ -525,7 +527,9 @@ impl Dispatcher {
             }
         };
         let endpoints = self
-            .endpoints
+            .path
+            .endpoints()
+            .current()
             .matching(envelope.tenant.as_deref(), &envelope.event_type);
         if endpoints.is_empty() {
             self.metrics
@@ -562,26 +566,45 @@ impl Dispatcher {
         None
     }
 
-    /// One (event, endpoint) delivery: attempt 1 (or its deferral), then the hand-off of a
-    /// failure or deferral; the last delivery of the event to finish completes its offset.
+    /// One (event, endpoint) delivery: attempt 1 (or its deferral) and the hand-off of a failure
+    /// or deferral, through the delivery path; the last delivery of the event to finish
+    /// completes its offset.
     async fn deliver(self: Arc<Self>, event: Arc<Event>, endpoint: Arc<EndpointConfig>) {
-        let handed = match self.first_attempt(&event, &endpoint).await {
-            Admission::Attempted(outcome) => match &outcome.result {
-                AttemptResult::Delivered { .. } => Ok(true),
-                AttemptResult::Failed { class, .. } => {
-                    self.hand_off(&event, &endpoint, Why::Failed(&outcome, *class))
-                        .await
-                }
-            },
-            Admission::Saturated { busy } => {
-                self.hand_off(&event, &endpoint, Why::Deferred { busy })
-                    .await
-            }
+        let delivery = Delivery {
+            // The delivery path starts the schedule when attempt 1 starts (or is deferred).
+            meta: DeliveryMeta::new(
+                &endpoint.id,
+                &event.id,
+                &event.event_type,
+                event.tenant.as_deref(),
+                now_ms(),
+            ),
+            key: event.key.clone(),
+            body: event.body.clone(),
+            dedupe_key: event.dedupe_key.clone(),
         };
-        match handed {
-            Ok(true) => {}
+        let claim = Claim {
+            ownership: &self.partitions.ownership,
+            partition: event.partition,
+            generation: event.generation,
+        };
+        let origin = Origin {
+            source: Source {
+                topic: &self.partitions.topic,
+                partition: event.partition,
+                offset: event.offset,
+            },
+            gate: &claim,
+            cutoff: Some(event.cutoff.clone()),
+        };
+        let turn = self
+            .path
+            .attempt(&self.attempts, delivery, Turn::Scheduled, origin)
+            .await;
+        match turn {
+            Ok(report) => self.count(&report),
             // The partition was revoked meanwhile: the new owner sends the event again.
-            Ok(false) | Err(HopError::Revoked(_)) => {
+            Err(HopError::Revoked(_)) => {
                 debug!(
                     endpoint = %endpoint.id,
                     event = %event.id,
@@ -619,111 +642,48 @@ impl Dispatcher {
         }
     }
 
-    /// Attempt 1, cut short (and reported as a timeout) if the shutdown grace runs out or the
-    /// partition is revoked first. Not made when the endpoint is saturated and the schedule has a
-    /// tier to defer it to.
-    async fn first_attempt(&self, event: &Event, endpoint: &EndpointConfig) -> Admission {
-        let body = event.body.clone();
-        let cutoff = event.cutoff.clone();
-        if self.schedule.len() > 1 {
-            self.engine
-                .deliver_unless_saturated(endpoint, &event.id, body, 1, cutoff)
-                .await
-        } else {
-            let outcome = self
-                .engine
-                .deliver_or_cut(endpoint, &event.id, body, 1, cutoff)
-                .await;
-            Admission::Attempted(outcome)
-        }
-    }
-
-    /// Writes the delivery record of a failed or deferred attempt 1 to its next hop, through the
-    /// partition's ownership gate, and waits for the acknowledgement; a record that does not fit
-    /// is rerouted (see `handoff_write`). `Ok(false)`: the partition was revoked since the event
-    /// was read, nothing was written.
-    async fn hand_off(
-        &self,
-        event: &Event,
-        endpoint: &EndpointConfig,
-        why: Why<'_>,
-    ) -> Result<bool, HopError> {
-        let first_attempt_ms = match why {
-            Why::Failed(outcome, _) => outcome.started_at_ms,
-            // The delivery's schedule starts now, when attempt 1 was due.
-            Why::Deferred { .. } => now_ms(),
+    /// Logs and counts where a delivery went after attempt 1.
+    fn count(&self, report: &Report) {
+        let meta = &report.meta;
+        let Next::Handed { why, hop, written } = &report.next else {
+            return;
         };
-        let mut meta = DeliveryMeta::new(
-            &endpoint.id,
-            &event.id,
-            &event.event_type,
-            event.tenant.as_deref(),
-            first_attempt_ms,
-        );
-        let hop = match why {
-            Why::Failed(outcome, _) => {
-                handoff::after_failure(&mut meta, outcome, &self.topics, &self.schedule)
-            }
-            Why::Deferred { busy } => handoff::defer(&mut meta, busy, &self.topics, &self.schedule),
-        };
-        let (topic, target) = match hop {
-            Hop::Retry { topic, .. } => (topic, HandoffTarget::Retry),
-            Hop::Dead { topic } => (topic, HandoffTarget::Dlq),
-        };
-        let source = Source {
-            topic: &self.partitions.topic,
-            partition: event.partition,
-            offset: event.offset,
-        };
-        let claim = Claim {
-            ownership: &self.partitions.ownership,
-            partition: event.partition,
-            generation: event.generation,
-        };
-        let written = self
-            .writer
-            .write(
-                &claim,
-                &topic,
-                &mut meta,
-                event.key.as_deref(),
-                &event.body,
-                event.dedupe_key.as_deref(),
-                source,
-            )
-            .await;
-        let written = match written {
-            Ok(written) => written,
-            Err(HopError::Revoked(_)) => return Ok(false),
-            Err(e) => return Err(e),
-        };
-        let target = match written {
-            Written::AsPlanned => target,
-            Written::DeadTooLarge => HandoffTarget::DlqRecordTooLarge,
-            Written::Quarantined => HandoffTarget::InvalidRecordTooLarge,
-            Written::Dropped => HandoffTarget::Dropped,
+        let target = match (written, hop) {
+            (Written::AsPlanned, Hop::Retry { .. }) => HandoffTarget::Retry,
+            (Written::AsPlanned, Hop::Dead { .. }) => HandoffTarget::Dlq,
+            (Written::DeadTooLarge, _) => HandoffTarget::DlqRecordTooLarge,
+            (Written::Quarantined, _) => HandoffTarget::InvalidRecordTooLarge,
+            (Written::Dropped, _) => HandoffTarget::Dropped,
         };
         match why {
-            Why::Failed(outcome, class) => self.metrics.emit_handed_off(
-                &endpoint.id,
-                &event.id,
-                outcome.attempt,
-                class.as_str(),
+            Why::Deferred { busy } => {
+                self.metrics
+                    .emit_deferred(&meta.endpoint_id, &meta.event_id, *busy)
+            }
+            Why::Failed => {
+                let (attempt, class) = report.outcome.as_ref().map_or((1, "-"), |o| {
+                    (
+                        o.attempt,
+                        o.result.failure_class().map_or("ok", |c| c.as_str()),
+                    )
+                });
+                self.metrics.emit_handed_off(
+                    &meta.endpoint_id,
+                    &meta.event_id,
+                    attempt,
+                    class,
+                    target,
+                )
+            }
+            Why::Dead(reason) => self.metrics.emit_handed_off(
+                &meta.endpoint_id,
+                &meta.event_id,
+                meta.attempt,
+                reason.as_str(),
                 target,
             ),
-            Why::Deferred { busy } => self.metrics.emit_deferred(&endpoint.id, &event.id, busy),
         }
-        Ok(true)
     }
-}
-
-/// Why a delivery is handed off after the dispatcher's turn.
-#[derive(Clone, Copy)]
-enum Why<'a> {
-    /// Attempt 1 failed.
-    Failed(&'a AttemptOutcome, FailureClass),
-    /// Attempt 1 was not made: the endpoint's `busy` slots were all taken (saturated).
-    Deferred { busy: usize },
 }
 
 /// Progress, held records and pause state of the `<p>.dispatch` partitions this member owns.

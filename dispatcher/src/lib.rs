@@ -1,33 +1,16 @@
 //! hookline dispatcher: delivers events from `<p>.dispatch` to the endpoints they fan out to.
 //!
 //! Module map:
-//! - [`engine`]: the HTTP delivery engine shared with the retry tiers — one signed `POST` per
-//!   attempt, bounded in time, response size and per-endpoint concurrency, returning an
-//!   [`AttemptOutcome`].
-//! - [`signing`]: Standard Webhooks v1 signatures (`webhook-signature`), and their verification
-//!   for tests and the reference receiver.
-//! - [`ssrf`]: the SSRF guard — blocked address ranges, the allow-list, and the DNS resolver that
-//!   checks the addresses actually connected to.
-//! - [`fanout`]: which endpoints an event goes to (tenant + event-type globs), lookup by id.
-//! - [`handoff`]: the next hop of a failed delivery on the fixed schedule (tier or DLQ) and the
-//!   delivery record's headers.
-//! - [`handoff_write`]: writing a delivery record to its hop; a record that does not fit is
-//!   trimmed, dead-lettered or quarantined as `record_too_large`, never a reason to stop.
-//! - [`consumer`]: the stage itself — consume `<p>.dispatch`, fan out, first attempts, hand-off
-//!   of failures, per-partition windows and contiguous offsets, rebalances, graceful drain.
-//! - `metrics`: Prometheus metrics of the crate (`hookline_dispatcher_*`).
+//! - [`consumer`]: the stage itself — consume `<p>.dispatch`, fan out, first attempts through
+//!   the shared delivery path (`hookline-delivery`), per-partition windows and contiguous
+//!   offsets, rebalances, graceful drain.
+//! - `window`: the per-partition window (unfinished events, span cap, resume at half).
+//! - `metrics`: Prometheus metrics of the stage (`hookline_dispatcher_*`); attempts are counted
+//!   by the delivery path (`hookline_delivery_*{stage="dispatcher"}`).
 
 pub mod consumer;
-pub mod engine;
-pub mod fanout;
-pub mod handoff;
-pub mod handoff_write;
 mod metrics;
-pub mod signing;
-pub mod ssrf;
 mod window;
-
-pub use engine::{AttemptOutcome, AttemptResult, Engine, FailureClass};
 
 use std::sync::Arc;
 

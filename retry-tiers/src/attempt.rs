@@ -1,20 +1,17 @@
-//! What a tier worker does with one due record: attempt it with the current endpoint config and,
-//! on failure, hand it to its next hop (next tier or `<p>.dlq`), the produce acknowledged before
-//! the record counts as done.
+//! What a tier worker does with one due record: decode it and hand it to the delivery path
+//! ([`DeliveryPath::attempt`], shared with the dispatcher and replay), which attempts it with the
+//! current endpoint config and, on failure, writes its next hop (next tier or `<p>.dlq`), the
+//! produce acknowledged before the record counts as done.
 //!
-//! - endpoint removed from the config → `<p>.dlq` with reason `endpoint_removed`, no attempt;
-//! - endpoint disabled → `<p>.dlq` with reason `endpoint_disabled`, no attempt;
-//! - endpoint no longer subscribed to the event's tenant and type (the dispatcher's fan-out
-//!   rule, asked again at every attempt) → `<p>.dlq` with reason `endpoint_unsubscribed`, no
-//!   attempt: its URL and secret may now belong to someone else;
-//! - waiting for an attempt the current schedule does not have (it was shortened) →
-//!   `<p>.dlq` with reason `exhausted`, no attempt;
-//! - a record whose delivery headers cannot be read → parked on `<p>.invalid` with the reason
-//!   `bad_delivery_record` and the source position (never dropped silently, never retried
-//!   forever). It has no endpoint or attempt number, so it cannot be a dead letter;
-//! - endpoint saturated (its concurrency slots busy with slow requests) and a later slot left in
-//!   the schedule → not attempted: deferred to the next slot's tier, attempt number unchanged
-//!   ([`handoff::defer`]); on the last slot the attempt waits for a concurrency slot.
+//! What the delivery path decides (see `hookline_delivery::attempt`): an endpoint removed,
+//! disabled or no longer subscribed to the event → `<p>.dlq` with that reason, no attempt; an
+//! attempt the current schedule no longer has → `<p>.dlq` as `exhausted`; a saturated endpoint
+//! with a later slot left → deferred to the next slot's tier, attempt number unchanged.
+//!
+//! What is the tier's own: a record whose delivery headers cannot be read is parked on
+//! `<p>.invalid` with the reason `bad_delivery_record` and the source position (never dropped
+//! silently, never retried forever). It has no endpoint or attempt number, so it cannot be a
+//! dead letter.
 //!
 //! Every write (next tier, dead letter, quarantine) is enqueued through the partition's
 //! ownership gate ([`Gate`]): once the partition is revoked, its work writes nothing, so a
@@ -31,14 +28,10 @@ use hookline_common::config::Config;
 use hookline_common::delivery::{DeadReason, DeliveryMeta};
 use hookline_common::headers as h;
 use hookline_common::ownership::{Claim, Ownership};
-use hookline_common::produce::{self, OwnedRecord, SendError, WriteGate};
+use hookline_common::produce::{OwnedRecord, WriteGate};
 use hookline_common::quarantine;
 use hookline_common::topics::Topics;
-use hookline_dispatcher::engine::Admission;
-use hookline_dispatcher::fanout::{self, Endpoints};
-use hookline_dispatcher::handoff::{self, Hop};
-use hookline_dispatcher::handoff_write::{HopError, HopWriter, Written};
-use hookline_dispatcher::Engine;
+use hookline_delivery::{Delivery, DeliveryPath, Hop, HopError, Next, Origin, Turn, Why, Written};
 
 use crate::metrics::TierMetrics;
 use crate::tier::Completion;
@@ -50,12 +43,9 @@ pub const BAD_DELIVERY_RECORD: &str = "bad_delivery_record";
 pub(crate) struct Stage {
     pub(crate) config: Arc<Config>,
     pub(crate) topics: Topics,
-    pub(crate) engine: Engine,
-    /// The endpoints as configured now: retries use the current URL, secrets and timeout.
-    pub(crate) endpoints: Endpoints,
+    /// Attempts, next hops and writes; retries use the current URL, secrets and timeout.
+    pub(crate) path: DeliveryPath,
     pub(crate) producer: FutureProducer,
-    /// Writes next hops and dead letters, rerouting what can never be written as planned.
-    pub(crate) writer: HopWriter,
 }
 
 /// A tier record, decoded when it is received and kept until it is due.
@@ -155,8 +145,8 @@ impl Source<'_> {
 /// Handles one due record to completion. An error means the record's offset must not be stored:
 /// a fatal produce error (the stage stops) or a write abandoned at shutdown ([`HopError::Abandoned`],
 /// the stage goes on stopping normally). A record that can never be written as planned is
-/// rerouted (see `handoff_write`), never an error; every write goes through the partition's
-/// ownership gate ([`Finished::Revoked`] once it is revoked). `cutoff` turns true when
+/// rerouted (see `hookline_delivery::write`), never an error; every write goes through the
+/// partition's ownership gate ([`Finished::Revoked`] once it is revoked). `cutoff` turns true when
 /// the shutdown grace is over (or the partition is revoked): an attempt still running is cut
 /// short, recorded as a `timeout`, and handed off like any failure.
 pub(crate) async fn process(
@@ -188,7 +178,7 @@ async fn handle(
     pending: Pending,
     cutoff: watch::Receiver<bool>,
 ) -> Result<(), HopError> {
-    let (mut meta, value) = match (pending.meta, pending.value) {
+    let (meta, value) = match (pending.meta, pending.value) {
         (Ok(meta), Some(value)) => (meta, value),
         (meta, value) => {
             let problem = meta
@@ -203,196 +193,53 @@ async fn handle(
                 value: value.map(|v| v.to_vec()),
                 headers,
             };
-            return park(stage, claim, record, &problem, source).await;
+            return stage
+                .path
+                .writer()
+                .park(claim, record, &problem, source.quarantine())
+                .await;
         }
     };
-    let dedupe_key = pending.dedupe_key.as_deref();
-    let key = pending.key.as_deref();
-    let write = |topic: String, meta: DeliveryMeta| Hand {
-        stage,
-        claim,
-        source,
-        topic,
+    let due_ms = meta.due_ms;
+    let delivery = Delivery {
         meta,
-        key,
-        value: &value,
-        dedupe_key,
+        key: pending.key.map(Bytes::from),
+        body: value,
+        dedupe_key: pending.dedupe_key,
     };
-
-    let endpoint = match stage.endpoints.get(&meta.endpoint_id) {
-        Some(ep) if ep.enabled => ep,
-        found => {
-            let reason = if found.is_none() {
-                DeadReason::EndpointRemoved
-            } else {
-                DeadReason::EndpointDisabled
-            };
-            return dead_letter(metrics, write(stage.topics.dlq(), meta), reason).await;
+    let origin = Origin {
+        source: source.quarantine(),
+        gate: claim,
+        cutoff: Some(cutoff),
+    };
+    let report = stage
+        .path
+        .attempt(&metrics.attempts, delivery, Turn::Scheduled, origin)
+        .await?;
+    let meta = &report.meta;
+    if let Some(outcome) = &report.outcome {
+        metrics.emit_attempt(meta, due_ms, outcome);
+    }
+    match &report.next {
+        Next::Delivered => {
+            let attempt = report.outcome.as_ref().map_or(meta.attempt, |o| o.attempt);
+            metrics.emit_delivered(meta, attempt);
         }
-    };
-    if !fanout::subscribes(&endpoint, meta.tenant.as_deref(), &meta.event_type) {
-        let reason = DeadReason::EndpointUnsubscribed;
-        return dead_letter(metrics, write(stage.topics.dlq(), meta), reason).await;
-    }
-    if !handoff::has_slot(&meta, &stage.config.retry.schedule) {
-        // Written under a longer schedule: the current one allows no further attempt.
-        let reason = DeadReason::Exhausted;
-        return dead_letter(metrics, write(stage.topics.dlq(), meta), reason).await;
-    }
-
-    let attempt = meta.attempt;
-    let schedule = &stage.config.retry.schedule;
-    let body = value.clone();
-    let admission = if handoff::can_defer(&meta, schedule) {
-        stage
-            .engine
-            .deliver_unless_saturated(&endpoint, &meta.event_id, body, attempt, cutoff)
-            .await
-    } else {
-        // The last slot: nothing to defer to, the attempt waits for a concurrency slot.
-        let outcome = stage
-            .engine
-            .deliver_or_cut(&endpoint, &meta.event_id, body, attempt, cutoff)
-            .await;
-        Admission::Attempted(outcome)
-    };
-    let outcome = match admission {
-        Admission::Attempted(outcome) => outcome,
-        Admission::Saturated { busy } => {
-            let hop = handoff::defer(&mut meta, busy, &stage.topics, schedule);
-            let (Hop::Retry { topic, .. } | Hop::Dead { topic }) = hop;
-            let (written, meta) = write(topic.clone(), meta).send().await?;
-            match written {
-                Written::AsPlanned => metrics.emit_deferred(&meta, &topic),
-                other => metrics.emit_rerouted(&meta, other),
-            }
-            return Ok(());
-        }
-    };
-    metrics.emit_attempt(&meta, &outcome);
-    if outcome.result.is_delivered() {
-        metrics.emit_delivered(&meta, attempt);
-        return Ok(());
-    }
-    let hop = handoff::after_failure(&mut meta, &outcome, &stage.topics, schedule);
-    let (Hop::Retry { topic, .. } | Hop::Dead { topic }) = hop.clone();
-    let (written, meta) = write(topic.clone(), meta).send().await?;
-    match (written, hop) {
-        (Written::AsPlanned, Hop::Retry { .. }) => metrics.emit_next_tier(&meta, &topic),
-        (Written::AsPlanned, Hop::Dead { .. }) => metrics.emit_dead(&meta, DeadReason::Exhausted),
-        (other, _) => metrics.emit_rerouted(&meta, other),
+        // Only a replay skips.
+        Next::Skipped(_) => {}
+        Next::Handed {
+            why,
+            hop,
+            written: Written::AsPlanned,
+        } => match (why, hop) {
+            (Why::Deferred { .. }, _) => metrics.emit_deferred(meta, hop.topic()),
+            (Why::Dead(reason), _) => metrics.emit_dead(meta, *reason),
+            (Why::Failed, Hop::Retry { topic, .. }) => metrics.emit_next_tier(meta, topic),
+            (Why::Failed, Hop::Dead { .. }) => metrics.emit_dead(meta, DeadReason::Exhausted),
+        },
+        Next::Handed { written, .. } => metrics.emit_rerouted(meta, *written),
     }
     Ok(())
-}
-
-/// One delivery record about to be written to its next hop through the partition's gate.
-struct Hand<'a> {
-    stage: &'a Stage,
-    claim: &'a dyn WriteGate,
-    source: &'a Source<'a>,
-    topic: String,
-    meta: DeliveryMeta,
-    key: Option<&'a [u8]>,
-    value: &'a Bytes,
-    dedupe_key: Option<&'a str>,
-}
-
-impl Hand<'_> {
-    /// Writes it (rerouting what does not fit, see `handoff_write`); returns where it went and
-    /// the metadata as written.
-    async fn send(mut self) -> Result<(Written, DeliveryMeta), HopError> {
-        let written = self
-            .stage
-            .writer
-            .write(
-                self.claim,
-                &self.topic,
-                &mut self.meta,
-                self.key,
-                self.value,
-                self.dedupe_key,
-                self.source.quarantine(),
-            )
-            .await?;
-        Ok((written, self.meta))
-    }
-}
-
-/// Ends a delivery without an attempt: `<p>.dlq` with `reason`, acknowledged before it counts.
-async fn dead_letter(
-    metrics: &TierMetrics,
-    mut hand: Hand<'_>,
-    reason: DeadReason,
-) -> Result<(), HopError> {
-    handoff::mark_dead(&mut hand.meta, reason);
-    let (written, meta) = hand.send().await?;
-    match written {
-        Written::AsPlanned => metrics.emit_dead(&meta, reason),
-        other => metrics.emit_rerouted(&meta, other),
-    }
-    Ok(())
-}
-
-/// Parks an unreadable tier record on `<p>.invalid` whole or, if it does not fit there, as a
-/// bounded `record_too_large` quarantine record; refused even so, it is logged and dropped.
-async fn park(
-    stage: &Stage,
-    claim: &dyn WriteGate,
-    record: OwnedRecord,
-    problem: &str,
-    source: &Source<'_>,
-) -> Result<(), HopError> {
-    let writer = &stage.writer;
-    let limit = writer.limits.limit(&record.topic);
-    let bounded = |detail: &str| {
-        quarantine::too_large(
-            &record.topic,
-            record.key.as_deref(),
-            record.value.as_deref(),
-            &record.header_pairs(),
-            detail,
-            source.quarantine(),
-            limit,
-        )
-    };
-    let mut current = if record.size() <= limit {
-        record.clone()
-    } else {
-        bounded(problem)
-    };
-    loop {
-        let sent = produce::send_acked_through(
-            &writer.producer,
-            &current,
-            &writer.errors,
-            &writer.shutdown,
-            claim,
-        )
-        .await;
-        match sent {
-            Ok(()) => return Ok(()),
-            Err(SendError::Permanent { error, .. }) if current.size() == record.size() => {
-                current = bounded(&format!("{problem}; kafka refused it whole: {error}"));
-            }
-            Err(SendError::Permanent { error, .. }) => {
-                tracing::error!(
-                    partition = source.partition,
-                    offset = source.offset,
-                    error = %error,
-                    "unreadable tier record refused even as a bounded quarantine record; dropped"
-                );
-                return Ok(());
-            }
-            Err(SendError::Fatal(error)) => {
-                return Err(HopError::Fatal {
-                    topic: current.topic.clone(),
-                    error,
-                })
-            }
-            Err(SendError::Stopped) => return Err(HopError::Abandoned(current.topic.clone())),
-            Err(SendError::Revoked) => return Err(HopError::Revoked(current.topic.clone())),
-        }
-    }
 }
 
 /// The parked record's headers: its own (minus any quarantine headers it carried) plus the

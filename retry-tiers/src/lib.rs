@@ -4,11 +4,12 @@
 //! Module map:
 //! - [`tier`] (via [`run`]): one worker per tier topic `<p>.retry.<tier>`, one consumer group
 //!   per tier; waits for each record's due time without sleeping in the poll loop, attempts due
-//!   records concurrently with the dispatcher's engine, hands failures to the next tier or
-//!   `<p>.dlq`.
+//!   records concurrently through the shared delivery path (`hookline-delivery`), which hands
+//!   failures to the next tier or `<p>.dlq`.
 //! - `waiting`: per-partition bookkeeping of a tier worker (held records, head barrier, pause
 //!   decisions, contiguous completed offsets), pure logic.
-//! - `attempt`: what happens to one due record (attempt, next hop, dead letter, quarantine).
+//! - `attempt`: one due record — decoded and given to the delivery path, or parked on
+//!   `<p>.invalid` when unreadable.
 //! - `due`: when a record is due (its recorded due time, capped against a fast clock).
 //! - `orphans`: tier topics no longer in `retry.schedule`, found on the broker and drained.
 //! - [`dead`]: reading the dead-letter topic, filters, `hookline dead list/show`.
@@ -45,9 +46,7 @@ use hookline_common::ops::{Readiness, StageProbe};
 use hookline_common::produce::ProduceErrors;
 use hookline_common::shutdown::{self, Shutdown};
 use hookline_common::topics::Topics;
-use hookline_dispatcher::fanout::Endpoints;
-use hookline_dispatcher::handoff_write::HopWriter;
-use hookline_dispatcher::Engine;
+use hookline_delivery::{DeliveryPath, Engine, HopWriter, LiveEndpoints};
 
 pub use attempt::BAD_DELIVERY_RECORD;
 
@@ -90,13 +89,13 @@ pub async fn run(
         .await?;
 
     let metrics = Metrics::register(&registry).context("registering retry tier metrics")?;
-    // The engine counts its attempts in `hookline_dispatcher_*`; the dispatcher registers those
-    // names when it runs in the same process (`run all`), so the tiers' engine gets a registry of
-    // its own and the tiers count their attempts in `hookline_retry_attempts_total`.
+    // One engine for every tier of the process (`stage="retry"` on its in-flight gauge); each
+    // tier counts its attempts as `stage="retry.<tier>"`.
     let engine = Engine::new(
         &config.http,
         config.dispatcher.endpoint_concurrency,
-        &prometheus::Registry::new(),
+        &registry,
+        "retry",
     )
     .context("building the delivery engine")?;
     let producer: FutureProducer = producer_config(&config)
@@ -105,13 +104,12 @@ pub async fn run(
     let errors =
         ProduceErrors::register(&registry, "retry").context("registering produce error metrics")?;
     let writer = HopWriter::connect(&config, producer.clone(), errors, shutdown.clone()).await?;
+    let endpoints = LiveEndpoints::fixed(&config.endpoints);
     let stage = Arc::new(Stage {
-        endpoints: Endpoints::new(&config.endpoints),
+        path: DeliveryPath::new(engine, endpoints, writer, &config.retry.schedule),
         config: config.clone(),
         topics,
-        engine,
         producer,
-        writer,
     });
 
     // One stop signal for every tier: the process's shutdown, or the first tier that fails.
@@ -142,7 +140,9 @@ pub async fn run(
             readiness.register(&name)
         };
         running.insert(tier.name.clone());
-        let tier_metrics = metrics.tier(&tier.name);
+        let tier_metrics = metrics
+            .tier(&tier.name)
+            .with_context(|| format!("registering the metrics of tier {}", tier.name))?;
         let worker = tier::run(
             stage.clone(),
             tier,
@@ -194,7 +194,13 @@ pub async fn run(
                         topic = %tier.topic,
                         "new orphan retry tier (not in retry.schedule): draining it by the current schedule"
                     );
-                    let tier_metrics = metrics.tier(&tier.name);
+                    let tier_metrics = match metrics.tier(&tier.name) {
+                        Ok(m) => m,
+                        Err(e) => {
+                            tracing::warn!(tier = %tier.name, error = %e, "registering the metrics of a new orphan tier failed; not draining it");
+                            continue;
+                        }
+                    };
                     let probe = StageProbe::detached(&format!("retry.{}", tier.name));
                     workers.spawn(tier::run(
                         stage.clone(),

@@ -1,6 +1,7 @@
 //! Prometheus metrics of the tier workers, `hookline_retry_*`. Label values are closed sets: the
-//! tier names come from `retry.schedule` (and the orphan tier topics found at start), outcomes and
-//! failure classes are fixed lists.
+//! tier names come from `retry.schedule` (and the orphan tier topics found at start), outcomes are
+//! a fixed list. Attempts are counted by the delivery path, in
+//! `hookline_delivery_attempts_total{stage="retry.<tier>"}`.
 //!
 //! Each internal event has one `emit_…` method that logs *and* counts, so logs and metrics never
 //! drift.
@@ -14,8 +15,7 @@ use prometheus::{
 };
 
 use hookline_common::delivery::{DeadReason, DeliveryMeta};
-use hookline_dispatcher::handoff_write::Written;
-use hookline_dispatcher::{AttemptOutcome, AttemptResult, FailureClass};
+use hookline_delivery::{AttemptMetrics, AttemptOutcome, Written};
 
 /// What a tier worker did with one record (the `outcome` label).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -67,7 +67,8 @@ impl Outcome {
 /// Metric families shared by every tier of the process.
 #[derive(Clone)]
 pub(crate) struct Metrics {
-    attempts: IntCounterVec,
+    /// Where each tier registers its attempt series (`hookline_delivery_*{stage="retry.<tier>"}`).
+    registry: Registry,
     records: IntCounterVec,
     lateness: HistogramVec,
     due_skew: HistogramVec,
@@ -78,13 +79,6 @@ pub(crate) struct Metrics {
 
 impl Metrics {
     pub(crate) fn register(registry: &Registry) -> prometheus::Result<Self> {
-        let attempts = IntCounterVec::new(
-            Opts::new(
-                "hookline_retry_attempts_total",
-                "Delivery attempts made by the tier workers, by result and failure class",
-            ),
-            &["tier", "result", "class"],
-        )?;
         let records = IntCounterVec::new(
             Opts::new(
                 "hookline_retry_records_total",
@@ -135,7 +129,6 @@ impl Metrics {
             ),
             &["tier"],
         )?;
-        registry.register(Box::new(attempts.clone()))?;
         registry.register(Box::new(records.clone()))?;
         registry.register(Box::new(lateness.clone()))?;
         registry.register(Box::new(due_skew.clone()))?;
@@ -143,7 +136,7 @@ impl Metrics {
         registry.register(Box::new(inflight.clone()))?;
         registry.register(Box::new(paused.clone()))?;
         Ok(Metrics {
-            attempts,
+            registry: registry.clone(),
             records,
             lateness,
             due_skew,
@@ -153,20 +146,11 @@ impl Metrics {
         })
     }
 
-    /// The metrics of one tier, every series created up front (zeros, not gaps).
-    pub(crate) fn tier(&self, tier: &str) -> TierMetrics {
-        let mut attempts = vec![(
-            "ok",
-            self.attempts.with_label_values(&[tier, "delivered", "ok"]),
-        )];
-        for class in FailureClass::ALL {
-            attempts.push((
-                class.as_str(),
-                self.attempts
-                    .with_label_values(&[tier, "failed", class.as_str()]),
-            ));
-        }
-        TierMetrics {
+    /// The metrics of one tier, every series created up front (zeros, not gaps). Its attempt
+    /// series are registered here: once per tier and registry.
+    pub(crate) fn tier(&self, tier: &str) -> prometheus::Result<TierMetrics> {
+        let attempts = AttemptMetrics::register(&self.registry, &format!("retry.{tier}"))?;
+        Ok(TierMetrics {
             tier: tier.to_string(),
             attempts,
             records: Outcome::ALL
@@ -179,7 +163,7 @@ impl Metrics {
             waiting: self.waiting.with_label_values(&[tier]),
             inflight: self.inflight.with_label_values(&[tier]),
             paused: self.paused.with_label_values(&[tier]),
-        }
+        })
     }
 }
 
@@ -187,7 +171,8 @@ impl Metrics {
 #[derive(Clone)]
 pub(crate) struct TierMetrics {
     tier: String,
-    attempts: Vec<(&'static str, IntCounter)>,
+    /// `hookline_delivery_attempts_total{stage="retry.<tier>"}`, counted by the delivery path.
+    pub(crate) attempts: AttemptMetrics,
     records: Vec<(Outcome, IntCounter)>,
     lateness: Histogram,
     due_skew: Histogram,
@@ -204,17 +189,14 @@ impl TierMetrics {
         }
     }
 
-    /// An attempt finished; `lateness_ms` is how long after its due time it started.
-    pub(crate) fn emit_attempt(&self, meta: &DeliveryMeta, outcome: &AttemptOutcome) {
-        let lateness_ms = (outcome.started_at_ms - meta.due_ms).max(0);
+    /// An attempt due at `due_ms` finished (the delivery path counted it): how late it started.
+    pub(crate) fn emit_attempt(&self, meta: &DeliveryMeta, due_ms: i64, outcome: &AttemptOutcome) {
+        let lateness_ms = (outcome.started_at_ms - due_ms).max(0);
         self.lateness.observe(lateness_ms as f64 / 1000.0);
-        let class = match &outcome.result {
-            AttemptResult::Delivered { .. } => "ok",
-            AttemptResult::Failed { class, .. } => class.as_str(),
-        };
-        if let Some((_, c)) = self.attempts.iter().find(|(k, _)| *k == class) {
-            c.inc();
-        }
+        let class = outcome
+            .result
+            .failure_class()
+            .map_or("ok", |class| class.as_str());
         tracing::debug!(
             tier = %self.tier,
             endpoint = %meta.endpoint_id,

@@ -38,18 +38,23 @@ use rdkafka::util::Timeout;
 use serde_json::{json, Value};
 use tokio::task::JoinSet;
 
+use bytes::Bytes;
+use prometheus::Registry;
+
 use crate::dead::{attempts_made, DeadFilter, DeadRecord};
 use crate::read::{Range, TopicReader};
-use hookline_common::config::{Config, EndpointConfig};
-use hookline_common::delivery::{now_ms, DeadReason, DeliveryMeta};
+use hookline_common::clock::now_ms;
+use hookline_common::config::Config;
+use hookline_common::delivery::DeadReason;
 use hookline_common::kafka::producer_config;
 use hookline_common::produce::{self, OwnedRecord, ProduceErrors, Ungated};
 use hookline_common::quarantine::Source;
 use hookline_common::topics::Topics;
-use hookline_dispatcher::fanout::{self, Endpoints};
-use hookline_dispatcher::handoff::{self, Hop};
-use hookline_dispatcher::handoff_write::{HopWriter, Written};
-use hookline_dispatcher::{AttemptOutcome, AttemptResult, Engine};
+use hookline_delivery::outcome::attempt_record;
+use hookline_delivery::{
+    AttemptMetrics, AttemptOutcome, AttemptResult, Delivery, DeliveryPath, Engine, HopWriter,
+    LiveEndpoints, Next, Origin, Turn, Written,
+};
 
 /// What to replay and how.
 #[derive(Debug, Clone)]
@@ -141,14 +146,21 @@ impl ReplaySummary {
     }
 }
 
+/// What replays of one process share: the delivery engine (its per-endpoint caps) and the
+/// attempt series (`hookline_delivery_*{stage="replay"}`), registered once. The admin process
+/// keeps one for every replay it runs; the command line makes one per run.
+pub struct Replays {
+    config: Arc<Config>,
+    engine: Engine,
+    attempts: AttemptMetrics,
+}
+
 /// Everything a replay task needs.
 struct Replayer {
     topics: Topics,
-    schedule: Vec<Duration>,
-    engine: Engine,
-    producer: FutureProducer,
-    /// Writes a failure's new record (DLQ or first tier), rerouting one that does not fit.
-    writer: HopWriter,
+    /// Attempts and writes a failure's new record (DLQ or first tier).
+    path: DeliveryPath,
+    attempts: AttemptMetrics,
     with_retries: bool,
 }
 
@@ -158,42 +170,83 @@ struct Replayed {
     endpoint_id: String,
     event_id: String,
     attempt: u32,
-    outcome: AttemptOutcome,
+    /// `Err`: not attempted, the endpoint may not receive the event (any more).
+    outcome: Result<AttemptOutcome, DeadReason>,
     /// Where a failure went (`<p>.dlq` or the first tier).
     returned_to: Option<String>,
 }
 
-/// Runs a replay, writing one line per record and a summary to `out`.
+/// Runs a replay with replays of its own (the command line: no metrics endpoint), writing one
+/// line per record and a summary to `out`.
 pub async fn run(
     config: Arc<Config>,
     options: ReplayOptions,
     out: &mut (dyn Write + Send),
 ) -> anyhow::Result<ReplaySummary> {
+    Replays::new(config, &Registry::new())?
+        .run(options, out)
+        .await
+}
+
+impl Replays {
+    /// Registers the replay series on `registry` (once per process and registry).
+    pub fn new(config: Arc<Config>, registry: &Registry) -> anyhow::Result<Replays> {
+        let engine = Engine::new(
+            &config.http,
+            config.dispatcher.endpoint_concurrency,
+            registry,
+            "replay",
+        )
+        .context("building the delivery engine")?;
+        let attempts =
+            AttemptMetrics::register(registry, "replay").context("registering replay metrics")?;
+        Ok(Replays {
+            config,
+            engine,
+            attempts,
+        })
+    }
+
+    /// Runs a replay, writing one line per record and a summary to `out`.
+    pub async fn run(
+        &self,
+        options: ReplayOptions,
+        out: &mut (dyn Write + Send),
+    ) -> anyhow::Result<ReplaySummary> {
+        run_with(self, options, out).await
+    }
+}
+
+async fn run_with(
+    replays: &Replays,
+    options: ReplayOptions,
+    out: &mut (dyn Write + Send),
+) -> anyhow::Result<ReplaySummary> {
+    let config = &replays.config;
     let topics = Topics::new(&config.topics.prefix);
-    let finished = finished(&config).await?;
-    let endpoints = Endpoints::new(&config.endpoints);
+    let finished = finished(config).await?;
+    let endpoints = LiveEndpoints::fixed(&config.endpoints);
     let replayer = if options.dry_run {
         None
     } else {
-        let producer: FutureProducer = producer_config(&config)
+        let producer: FutureProducer = producer_config(config)
             .create()
             .context("creating the replay producer")?;
         // A command-line run has no shutdown signal of its own: transient errors are retried
         // until they pass or the operator interrupts the command.
         let (_never, shutdown) = hookline_common::shutdown::channel();
         let errors = ProduceErrors::unregistered();
-        let writer = HopWriter::connect(&config, producer.clone(), errors, shutdown).await?;
+        let writer = HopWriter::connect(config, producer, errors, shutdown).await?;
+        let path = DeliveryPath::new(
+            replays.engine.clone(),
+            endpoints.clone(),
+            writer,
+            &config.retry.schedule,
+        );
         Some(Arc::new(Replayer {
             topics: topics.clone(),
-            schedule: config.retry.schedule.clone(),
-            engine: Engine::new(
-                &config.http,
-                config.dispatcher.endpoint_concurrency,
-                &prometheus::Registry::new(),
-            )
-            .context("building the delivery engine")?,
-            producer,
-            writer,
+            path,
+            attempts: replays.attempts.clone(),
             with_retries: options.with_retries,
         }))
     };
@@ -206,7 +259,7 @@ pub async fn run(
 
     let mut summary = ReplaySummary::default();
     let mut tasks: JoinSet<anyhow::Result<Replayed>> = JoinSet::new();
-    let mut reader = TopicReader::open(&config, &topics.dlq(), &options.filter.range()).await?;
+    let mut reader = TopicReader::open(config, &topics.dlq(), &options.filter.range()).await?;
     while let Some(m) = reader.next().await? {
         let record = DeadRecord::from_message(&m);
         if !options.filter.matches(&record) {
@@ -229,35 +282,8 @@ pub async fn run(
                 continue;
             }
         };
-        let endpoint = match endpoints.get(&meta.endpoint_id) {
-            Some(ep) if ep.enabled => ep,
-            found => {
-                summary.skipped += 1;
-                let why = if found.is_some() {
-                    "is disabled"
-                } else {
-                    "is not configured"
-                };
-                writeln!(
-                    out,
-                    "skipped {}: endpoint {} {why}",
-                    record.position(),
-                    meta.endpoint_id
-                )?;
-                continue;
-            }
-        };
-        if !fanout::subscribes(&endpoint, meta.tenant.as_deref(), &meta.event_type) {
-            summary.skipped += 1;
-            summary.unsubscribed += 1;
-            writeln!(
-                out,
-                "skipped {}: endpoint {} no longer subscribes to this event (tenant={} type={})",
-                record.position(),
-                meta.endpoint_id,
-                meta.tenant.as_deref().unwrap_or("-"),
-                meta.event_type
-            )?;
+        if let Err(reason) = endpoints.current().usable_for(meta) {
+            skipped(&mut summary, out, &record.position(), meta, reason)?;
             continue;
         }
         let Some(replayer) = &replayer else {
@@ -283,13 +309,13 @@ pub async fn run(
             pace.tick().await;
         }
         let replayer = replayer.clone();
-        tasks.spawn(async move { replayer.replay(record, &endpoint).await });
+        tasks.spawn(async move { replayer.replay(record).await });
     }
     while let Some(joined) = tasks.join_next().await {
         report(joined, &mut summary, out)?;
     }
     if let Some(replayer) = replayer {
-        let producer = replayer.producer.clone();
+        let producer = replayer.path.writer().producer.clone();
         let _ = tokio::task::spawn_blocking(move || {
             producer.flush(Timeout::After(Duration::from_secs(10)))
         })
@@ -328,11 +354,27 @@ fn report(
     out: &mut (dyn Write + Send),
 ) -> anyhow::Result<()> {
     let r = joined.context("a replay task panicked")??;
+    let outcome = match &r.outcome {
+        Ok(outcome) => outcome,
+        // The endpoint changed between the selection and the attempt.
+        Err(reason) => {
+            summary.skipped += 1;
+            summary.unsubscribed += usize::from(*reason == DeadReason::EndpointUnsubscribed);
+            writeln!(
+                out,
+                "skipped {}: endpoint {} may no longer receive the event ({})",
+                r.position,
+                r.endpoint_id,
+                reason.as_str()
+            )?;
+            return Ok(());
+        }
+    };
     let line = format!(
         "replayed {} endpoint={} event={} attempt={}",
         r.position, r.endpoint_id, r.event_id, r.attempt
     );
-    match &r.outcome.result {
+    match &outcome.result {
         AttemptResult::Delivered { status } => {
             summary.delivered += 1;
             writeln!(out, "{line} result=delivered status={status}")?;
@@ -350,70 +392,106 @@ fn report(
     Ok(())
 }
 
+/// Counts and prints a dead letter whose endpoint may not receive it.
+fn skipped(
+    summary: &mut ReplaySummary,
+    out: &mut (dyn Write + Send),
+    position: &str,
+    meta: &hookline_common::delivery::DeliveryMeta,
+    reason: DeadReason,
+) -> std::io::Result<()> {
+    summary.skipped += 1;
+    match reason {
+        DeadReason::EndpointUnsubscribed => {
+            summary.unsubscribed += 1;
+            writeln!(
+                out,
+                "skipped {position}: endpoint {} no longer subscribes to this event (tenant={} type={})",
+                meta.endpoint_id,
+                meta.tenant.as_deref().unwrap_or("-"),
+                meta.event_type
+            )
+        }
+        DeadReason::EndpointDisabled => writeln!(
+            out,
+            "skipped {position}: endpoint {} is disabled",
+            meta.endpoint_id
+        ),
+        _ => writeln!(
+            out,
+            "skipped {position}: endpoint {} is not configured",
+            meta.endpoint_id
+        ),
+    }
+}
+
 impl Replayer {
-    /// One replay: the attempt, a failure's new record, then the replay key on `<p>.replays`.
-    async fn replay(
-        &self,
-        record: DeadRecord,
-        endpoint: &EndpointConfig,
-    ) -> anyhow::Result<Replayed> {
+    /// One replay: the attempt and a failure's new record (the delivery path), then the replay
+    /// key on `<p>.replays`.
+    async fn replay(&self, record: DeadRecord) -> anyhow::Result<Replayed> {
         let key = record.replay_key();
-        let mut meta: DeliveryMeta = record
+        let mut meta = record
             .meta
             .map_err(|e| anyhow::anyhow!("unreadable metadata: {e}"))?;
-        let attempt = if self.with_retries {
+        meta.attempt = if self.with_retries {
             1
         } else {
             // `attempt` is the next attempt's number; the history may hold a larger one if the
             // record was written by an older schedule.
             meta.attempt.max(attempts_made(&meta) + 1)
         };
-        let outcome = self
-            .engine
-            .deliver(endpoint, &meta.event_id, record.value.clone(), attempt)
-            .await;
-        let mut returned_to = None;
-        if !outcome.result.is_delivered() {
-            meta.replay_key = Some(key.clone());
-            let topic = if self.with_retries {
-                meta.dead_reason = None;
-                meta.dead_at_ms = None;
-                meta.first_attempt_ms = outcome.started_at_ms;
-                meta.deferrals = 0;
-                match handoff::after_failure(&mut meta, &outcome, &self.topics, &self.schedule) {
-                    Hop::Retry { topic, .. } | Hop::Dead { topic } => topic,
-                }
-            } else {
-                meta.push_attempt(handoff::attempt_record(&outcome));
-                meta.attempt = attempt + 1;
-                handoff::mark_dead(&mut meta, DeadReason::Exhausted);
-                self.topics.dlq()
-            };
-            let dlq = self.topics.dlq();
-            let source = Source {
+        let attempt = meta.attempt;
+        let delivery = Delivery {
+            meta,
+            key: record.key.map(Bytes::from),
+            body: record.value,
+            dedupe_key: record.dedupe_key,
+        };
+        let dlq = self.topics.dlq();
+        let origin = Origin {
+            source: Source {
                 topic: &dlq,
                 partition: record.partition,
                 offset: record.offset,
-            };
-            let written = self
-                .writer
-                .write(
-                    &Ungated,
-                    &topic,
-                    &mut meta,
-                    record.key.as_deref(),
-                    &record.value,
-                    record.dedupe_key.as_deref(),
-                    source,
-                )
-                .await?;
-            returned_to = match written {
-                Written::AsPlanned => Some(topic),
-                Written::DeadTooLarge => Some(self.topics.dlq()),
-                Written::Quarantined => Some(self.topics.invalid()),
-                Written::Dropped => None,
-            };
-        }
+            },
+            gate: &Ungated,
+            cutoff: None,
+        };
+        let turn = Turn::Replay {
+            replay_key: key.clone(),
+            with_retries: self.with_retries,
+        };
+        let report = self
+            .path
+            .attempt(&self.attempts, delivery, turn, origin)
+            .await?;
+        let position = format!("{}:{}", record.partition, record.offset);
+        let (outcome, returned_to) = match (report.outcome, &report.next) {
+            // Skipped: nothing sent, nothing written, the key not recorded (a later replay may
+            // send it).
+            (_, Next::Skipped(reason)) => {
+                return Ok(Replayed {
+                    position,
+                    endpoint_id: report.meta.endpoint_id,
+                    event_id: report.meta.event_id,
+                    attempt,
+                    outcome: Err(*reason),
+                    returned_to: None,
+                })
+            }
+            (Some(outcome), Next::Delivered) => (outcome, None),
+            (Some(outcome), Next::Handed { hop, written, .. }) => {
+                let returned_to = match written {
+                    Written::AsPlanned => Some(hop.topic().to_string()),
+                    Written::DeadTooLarge => Some(self.topics.dlq()),
+                    Written::Quarantined => Some(self.topics.invalid()),
+                    Written::Dropped => None,
+                };
+                (outcome, returned_to)
+            }
+            (None, next) => anyhow::bail!("replay {key} ended without an attempt: {next:?}"),
+        };
+        let meta = report.meta;
         let done = json!({
             "replay_key": key,
             "position": record_position(&key),
@@ -421,7 +499,7 @@ impl Replayer {
             "event_id": meta.event_id,
             "attempt": attempt,
             "result": if outcome.result.is_delivered() { "delivered" } else { "failed" },
-            "attempt_record": handoff::attempt_record(&outcome),
+            "attempt_record": attempt_record(&outcome),
             "returned_to": returned_to,
             "with_retries": self.with_retries,
             "finished_at_ms": now_ms(),
@@ -433,20 +511,21 @@ impl Replayer {
             value: Some(done.to_string().into_bytes()),
             headers: OwnedHeaders::new(),
         };
+        let writer = self.path.writer();
         produce::send_acked(
-            &self.producer,
+            &writer.producer,
             &finished,
-            &self.writer.errors,
-            &self.writer.shutdown,
+            &writer.errors,
+            &writer.shutdown,
         )
         .await
         .with_context(|| format!("recording replay {key} on {}", self.topics.replays()))?;
         Ok(Replayed {
-            position: format!("{}:{}", record.partition, record.offset),
+            position,
             endpoint_id: meta.endpoint_id,
             event_id: meta.event_id,
             attempt,
-            outcome,
+            outcome: Ok(outcome),
             returned_to,
         })
     }

@@ -49,7 +49,7 @@ use hookline_common::delivery::now_ms;
 use hookline_common::kafka::consumer_config;
 use hookline_common::ops::StageProbe;
 use hookline_common::shutdown::Shutdown;
-use hookline_dispatcher::handoff_write::HopError;
+use hookline_delivery::HopError;
 
 use crate::attempt::{self, Finished, Gate, Pending, Source, Stage};
 use crate::due::DueBound;

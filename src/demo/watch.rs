@@ -210,15 +210,18 @@ impl Snapshot {
                 "hookline_deduper_duplicates_total" => s.duplicates += v,
                 "hookline_dispatcher_events_total" => s.dispatched += v,
                 "hookline_dispatcher_inflight_events" => s.dispatcher_inflight += v,
-                "hookline_dispatcher_attempts_total" if label("result") == Some("delivered") => {
-                    s.delivered += v
+                "hookline_delivery_attempts_total" if label("result") == Some("delivered") => {
+                    match label("stage") {
+                        Some("dispatcher") => s.delivered += v,
+                        Some(stage) if stage.starts_with("retry.") => {
+                            s.delivered += v;
+                            s.delivered_on_retry += v;
+                        }
+                        _ => {}
+                    }
                 }
                 "hookline_dispatcher_handoffs_total" if label("target") == Some("dlq") => {
                     s.dead += v
-                }
-                "hookline_retry_attempts_total" if label("result") == Some("delivered") => {
-                    s.delivered += v;
-                    s.delivered_on_retry += v;
                 }
                 "hookline_retry_records_total"
                     if label("outcome").is_some_and(|o| o.starts_with("dead_")) =>
@@ -421,10 +424,11 @@ hookline_deduper_forwarded_total 20
 hookline_deduper_duplicates_total 7
 hookline_dispatcher_events_total{result="fanned_out"} 20
 hookline_dispatcher_inflight_events 0
-hookline_dispatcher_attempts_total{class="ok",result="delivered"} 22
-hookline_dispatcher_attempts_total{class="http_status",result="failed"} 5
+hookline_delivery_attempts_total{class="ok",result="delivered",stage="dispatcher"} 22
+hookline_delivery_attempts_total{class="http_status",result="failed",stage="dispatcher"} 5
 hookline_dispatcher_handoffs_total{target="dlq"} 0
-hookline_retry_attempts_total{class="ok",result="delivered",tier="5s"} 4
+hookline_delivery_attempts_total{class="ok",result="delivered",stage="retry.5s"} 4
+hookline_delivery_attempts_total{class="ok",result="delivered",stage="replay"} 1
 hookline_retry_records_total{outcome="dead_exhausted",tier="30s"} 2
 hookline_retry_records_total{outcome="delivered",tier="5s"} 4
 hookline_retry_waiting_records{tier="5s"} 1

@@ -9,7 +9,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use rdkafka::message::Message;
 
 use hookline_common::secret::decode_secret;
-use hookline_dispatcher::signing;
+use hookline_delivery::signing;
 
 use crate::harness::{
     apply_topics, read_until, require_kafka, test_config, unique_prefix, write_config,

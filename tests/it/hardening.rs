@@ -367,7 +367,7 @@ async fn ok_status_with_a_slow_body_is_delivered_once_and_never_retried() {
     let attempts = |result: &str| {
         counter(
             &running.registry,
-            "hookline_dispatcher_attempts_total",
+            "hookline_delivery_attempts_total",
             Some(("result", result)),
         )
     };

@@ -9,7 +9,7 @@ use std::time::Duration;
 use hookline_common::delivery::DeliveryMeta;
 use hookline_common::headers as h;
 use hookline_common::secret::decode_secret;
-use hookline_dispatcher::signing::verify;
+use hookline_delivery::signing::verify;
 
 use crate::harness::*;
 use crate::receiver::{Behavior, Receiver};

@@ -4,7 +4,7 @@
 //!
 //! A chain starts the way the dispatcher starts it: attempt 1 is made with the real delivery
 //! engine against the receiver, and its failure is handed to the first tier with
-//! `handoff::after_failure` + the delivery record headers.
+//! `hop::after_failure` + the delivery record headers.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
@@ -24,9 +24,8 @@ use hookline_common::ops::Readiness;
 use hookline_common::secret::decode_secret;
 use hookline_common::shutdown;
 use hookline_common::topics::Topics;
-use hookline_dispatcher::fanout::Endpoints;
-use hookline_dispatcher::handoff::{self, Hop};
-use hookline_dispatcher::{signing, Engine};
+use hookline_delivery::hop::{self, Hop};
+use hookline_delivery::{signing, Endpoints, Engine};
 
 use crate::harness::*;
 use crate::receiver::{Behavior, Receiver, Recorded};
@@ -74,7 +73,7 @@ async fn start_tiers(config: &Config, tiers: Option<Vec<String>>) -> Running {
 }
 
 fn test_engine(config: &Config) -> Engine {
-    Engine::new(&config.http, 64, &prometheus::Registry::new()).expect("engine")
+    Engine::new(&config.http, 64, &prometheus::Registry::new(), "test").expect("engine")
 }
 
 /// A delivery whose first attempt failed and was handed to the first tier.
@@ -119,7 +118,7 @@ async fn start_delivery(
     );
     let topics = Topics::new(&config.topics.prefix);
     let Hop::Retry { topic, .. } =
-        handoff::after_failure(&mut meta, &outcome, &topics, &config.retry.schedule)
+        hop::after_failure(&mut meta, &outcome, &topics, &config.retry.schedule)
     else {
         panic!("the schedule has tiers");
     };

@@ -3,8 +3,8 @@
 //! Attempts happen at offsets from the first attempt (`retry.schedule`, the spec's
 //! +0, +1m, +5m, +30m, +2h, +6h, +24h). After attempt `n` fails, attempt `n + 1` is due at
 //! `first_attempt + schedule[n]` on the tier topic named after that offset; after the last
-//! attempt the delivery is dead and goes to `<p>.dlq`. Used by the dispatcher (attempt 1) and the
-//! retry tiers (attempts 2..).
+//! attempt the delivery is dead and goes to `<p>.dlq`. Pure decisions on [`DeliveryMeta`], made
+//! by the delivery path ([`crate::attempt`]) for the dispatcher, the tiers and replay.
 //!
 //! Deferral: when an endpoint is saturated (every concurrency slot busy and no slot freed within
 //! the engine's short permit wait), a delivery that still has a later slot in the schedule is not
@@ -22,7 +22,7 @@ use hookline_common::delivery::{self, now_ms, AttemptRecord, DeadReason, Deliver
 use hookline_common::headers as h;
 use hookline_common::topics::Topics;
 
-use crate::engine::{AttemptOutcome, AttemptResult};
+use crate::outcome::{attempt_record, AttemptOutcome};
 
 /// Where a delivery goes next.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -33,23 +33,12 @@ pub enum Hop {
     Dead { topic: String },
 }
 
-/// The attempt record kept in the delivery's history.
-pub fn attempt_record(outcome: &AttemptOutcome) -> AttemptRecord {
-    let (status, class, snippet) = match &outcome.result {
-        AttemptResult::Delivered { status } => (Some(*status), "ok".to_string(), String::new()),
-        AttemptResult::Failed {
-            class,
-            status,
-            snippet,
-        } => (*status, class.as_str().to_string(), snippet.clone()),
-    };
-    AttemptRecord {
-        n: outcome.attempt,
-        at_ms: outcome.started_at_ms,
-        duration_ms: outcome.duration.as_millis() as u64,
-        status,
-        class,
-        snippet,
+impl Hop {
+    /// The topic the delivery record goes to.
+    pub fn topic(&self) -> &str {
+        match self {
+            Hop::Retry { topic, .. } | Hop::Dead { topic } => topic,
+        }
     }
 }
 
@@ -64,6 +53,31 @@ pub fn after_failure(
     meta.push_attempt(attempt_record(outcome));
     meta.attempt = outcome.attempt + 1;
     next_hop(meta, topics, schedule)
+}
+
+/// Records a failed replay attempt on `meta` and moves it on: back to the DLQ (`exhausted`), or,
+/// `with_retries`, to a fresh schedule started by this attempt (its first tier; the history keeps
+/// the earlier attempts).
+pub fn after_replay(
+    meta: &mut DeliveryMeta,
+    outcome: &AttemptOutcome,
+    with_retries: bool,
+    topics: &Topics,
+    schedule: &[Duration],
+) -> Hop {
+    if with_retries {
+        meta.dead_reason = None;
+        meta.dead_at_ms = None;
+        meta.first_attempt_ms = outcome.started_at_ms;
+        meta.deferrals = 0;
+        return after_failure(meta, outcome, topics, schedule);
+    }
+    meta.push_attempt(attempt_record(outcome));
+    meta.attempt = outcome.attempt + 1;
+    mark_dead(meta, DeadReason::Exhausted);
+    Hop::Dead {
+        topic: topics.dlq(),
+    }
 }
 
 /// Whether the schedule still has a slot for the delivery's next attempt (a record written under
@@ -149,7 +163,7 @@ pub fn headers(meta: &DeliveryMeta, dedupe_key: Option<&str>) -> OwnedHeaders {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::engine::FailureClass;
+    use crate::outcome::{AttemptResult, FailureClass};
 
     fn meta() -> DeliveryMeta {
         DeliveryMeta::new("ep", "e1", "t", None, 1_000_000)
@@ -239,6 +253,36 @@ mod tests {
         assert_eq!(m.due_ms, 1_000_000 + 86_400_000, "the 24h slot, not later");
         let hop = after_failure(&mut m, &failed(2), &topics, &schedule);
         assert!(matches!(hop, Hop::Dead { .. }), "the schedule's end");
+    }
+
+    #[test]
+    fn a_failed_replay_goes_back_to_the_dlq_or_starts_a_fresh_schedule() {
+        let topics = Topics::new("p");
+        let schedule = hookline_common::config::default_schedule();
+        let mut dead = meta();
+        for attempt in 1..=7 {
+            after_failure(&mut dead, &failed(attempt), &topics, &schedule);
+        }
+        let mut again = dead.clone();
+        let mut replayed = failed(8);
+        replayed.started_at_ms = 9_000_000;
+        let hop = after_replay(&mut again, &replayed, false, &topics, &schedule);
+        assert_eq!(hop.topic(), "p.dlq");
+        assert_eq!((again.attempt, again.history.len()), (9, 8));
+        assert_eq!(again.dead_reason, Some(DeadReason::Exhausted));
+
+        let mut fresh = dead;
+        let mut first = failed(1);
+        first.started_at_ms = 9_000_000;
+        let hop = after_replay(&mut fresh, &first, true, &topics, &schedule);
+        assert_eq!(
+            hop,
+            Hop::Retry {
+                topic: "p.retry.1m".into(),
+                due_ms: 9_000_000 + 60_000
+            }
+        );
+        assert_eq!((fresh.attempt, fresh.dead_reason), (2, None));
     }
 
     #[test]

@@ -16,6 +16,10 @@
 //! Transient produce errors are retried (see `hookline_common::produce`); only a fatal one is an
 //! error, and shutdown during a retry abandons the write (the input offset is not stored).
 //!
+//! An unreadable record ([`HopWriter::park`], a tier record without delivery metadata) is parked
+//! on `<p>.invalid` whole, or as a bounded `record_too_large` quarantine record when it does not
+//! fit there.
+//!
 //! Every write, fallbacks and retries included, goes through the caller's [`WriteGate`]: the
 //! ownership claim of the partition the work came from (dispatcher, tiers), so work of a revoked
 //! partition never writes ([`HopError::Revoked`]), or [`Ungated`](hookline_common::produce::Ungated)
@@ -33,7 +37,7 @@ use hookline_common::recordsize::Limits;
 use hookline_common::shutdown::Shutdown;
 use hookline_common::topics::Topics;
 
-use crate::handoff;
+use crate::hop;
 
 /// Times a record refused as too large, but within its topic's limit on its own, is sent again.
 const BATCH_RETRIES: u32 = 3;
@@ -167,13 +171,13 @@ impl HopWriter {
                 problem = %problem,
                 "delivery record does not fit its tier; dead-lettering it"
             );
-            handoff::mark_dead(meta, DeadReason::RecordTooLarge);
+            hop::mark_dead(meta, DeadReason::RecordTooLarge);
             target = dlq.clone();
             written = Written::DeadTooLarge;
         };
 
         let invalid = self.topics.invalid();
-        let headers: Vec<(String, Option<Vec<u8>>)> = handoff::headers(meta, dedupe_key)
+        let headers: Vec<(String, Option<Vec<u8>>)> = hop::headers(meta, dedupe_key)
             .iter()
             .map(|h| (h.key.to_string(), h.value.map(<[u8]>::to_vec)))
             .collect();
@@ -209,6 +213,53 @@ impl HopWriter {
         }
     }
 
+    /// Parks a record that cannot be a delivery record (`record`: its own key, value and
+    /// headers plus the quarantine headers, addressed to `<p>.invalid`) whole or, if it does not
+    /// fit there, as a bounded `record_too_large` quarantine record; refused even so, it is
+    /// logged and dropped.
+    pub async fn park(
+        &self,
+        gate: &dyn WriteGate,
+        record: OwnedRecord,
+        problem: &str,
+        source: Source<'_>,
+    ) -> Result<(), HopError> {
+        let limit = self.limits.limit(&record.topic);
+        let bounded = |detail: &str| {
+            quarantine::too_large(
+                &record.topic,
+                record.key.as_deref(),
+                record.value.as_deref(),
+                &record.header_pairs(),
+                detail,
+                source,
+                limit,
+            )
+        };
+        let mut current = if record.size() <= limit {
+            record.clone()
+        } else {
+            bounded(problem)
+        };
+        loop {
+            match self.send(gate, &current).await? {
+                None => return Ok(()),
+                Some((error, _)) if current.size() == record.size() => {
+                    current = bounded(&format!("{problem}; kafka refused it whole: {error}"));
+                }
+                Some((error, _)) => {
+                    tracing::error!(
+                        partition = source.partition,
+                        offset = source.offset,
+                        error = %error,
+                        "unreadable record refused even as a bounded quarantine record; dropped"
+                    );
+                    return Ok(());
+                }
+            }
+        }
+    }
+
     /// The record for `target`, its history trimmed (if need be) so that it fits.
     fn fitted(
         &self,
@@ -223,7 +274,7 @@ impl HopWriter {
             partition: None,
             key: key.map(<[u8]>::to_vec),
             value: Some(value.to_vec()),
-            headers: handoff::headers(meta, dedupe_key),
+            headers: hop::headers(meta, dedupe_key),
         };
         let record = build(meta);
         let limit = self.limits.limit(target);

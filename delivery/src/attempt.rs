@@ -1,0 +1,293 @@
+//! The one delivery path: attempt a delivery, decide its next hop and write it. The dispatcher
+//! (attempt 1 of every fanned-out delivery), every retry tier (attempts 2..) and replay call
+//! [`DeliveryPath::attempt`]; nothing else makes attempts or writes hand-offs.
+//!
+//! In order:
+//! 1. the endpoint is read from the current set ([`LiveEndpoints`]): removed, disabled or no
+//!    longer subscribed to the event's tenant and type → no attempt; on the schedule the
+//!    delivery is dead-lettered with that reason, a replay skips it (nothing written);
+//! 2. on the schedule, a delivery waiting for an attempt the current schedule no longer has (it
+//!    was shortened) is dead-lettered as `exhausted`, no attempt;
+//! 3. the attempt, cut short as a `timeout` when the caller's cut signal fires (shutdown grace
+//!    over, partition revoked). On the schedule, while a later slot is left, a saturated
+//!    endpoint refuses it and the delivery is *deferred* to the next slot's tier, attempt number
+//!    unchanged ([`hop::defer`]); a replay always attempts;
+//! 4. the attempt is counted (`hookline_delivery_attempts_total{stage}`) and told to the
+//!    [`AttemptObserver`];
+//! 5. delivered: done. Failed: the next hop — the next tier or `<p>.dlq` on the schedule; for a
+//!    replay the DLQ again, or a fresh schedule's first tier (`--with-retries`) — written through
+//!    the caller's gate ([`HopWriter::write`], which reroutes a record that does not fit).
+//!
+//! A delivery with no history (the dispatcher's) starts its schedule when attempt 1 starts, or
+//! when it is deferred.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use hookline_common::clock::now_ms;
+use hookline_common::delivery::{DeadReason, DeliveryMeta};
+use hookline_common::produce::WriteGate;
+use hookline_common::quarantine::Source;
+use hookline_common::topics::Topics;
+use tokio::sync::watch;
+
+use crate::endpoints::LiveEndpoints;
+use crate::engine::Engine;
+use crate::hop::{self, Hop};
+use crate::metrics::AttemptMetrics;
+use crate::observer::{AttemptEvent, AttemptObserver, NoObserver};
+use crate::outcome::{Admission, AttemptOutcome};
+use crate::write::{HopError, HopWriter, Written};
+
+/// What every attempt of a stage shares: the engine, the endpoint set, the hop writer, the
+/// schedule and the observer. Cheap to clone.
+#[derive(Clone)]
+pub struct DeliveryPath {
+    engine: Engine,
+    endpoints: LiveEndpoints,
+    writer: HopWriter,
+    schedule: Arc<[Duration]>,
+    observer: Arc<dyn AttemptObserver>,
+}
+
+/// One (event, endpoint) delivery about to be attempted.
+#[derive(Debug, Clone)]
+pub struct Delivery {
+    /// Its metadata; `attempt` is the number of the attempt to make.
+    pub meta: DeliveryMeta,
+    /// The original record key.
+    pub key: Option<Bytes>,
+    /// The producer's exact bytes, sent unchanged.
+    pub body: Bytes,
+    pub dedupe_key: Option<String>,
+}
+
+/// How the attempt is made and where a failure goes.
+#[derive(Debug, Clone)]
+pub enum Turn {
+    /// On the retry schedule: the dispatcher's attempt 1, a tier's attempt n.
+    Scheduled,
+    /// A replay of the dead letter named `replay_key`: attempted now, whatever the schedule.
+    Replay {
+        replay_key: String,
+        /// A fresh full schedule: the attempt is attempt 1 of it, a failure goes to the first
+        /// tier. Otherwise a failure goes back to the DLQ.
+        with_retries: bool,
+    },
+}
+
+/// Where the delivery was read and what guards its writes.
+pub struct Origin<'a> {
+    /// The record it came from (quarantine headers name it).
+    pub source: Source<'a>,
+    /// Every write passes it: the ownership claim of the source partition, or `Ungated`.
+    pub gate: &'a dyn WriteGate,
+    /// Cuts a running attempt short (reported as `timeout`); `None`: never.
+    pub cutoff: Option<watch::Receiver<bool>>,
+}
+
+/// Why a delivery was handed to a topic.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Why {
+    /// The attempt failed.
+    Failed,
+    /// No attempt: the endpoint was saturated (`busy` slots taken); deferred to the next slot.
+    Deferred { busy: usize },
+    /// No attempt: dead-lettered for this reason (endpoint unusable, schedule exhausted).
+    Dead(DeadReason),
+}
+
+/// What became of the delivery.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Next {
+    Delivered,
+    /// A replay whose endpoint may not receive the event: nothing sent, nothing written.
+    Skipped(DeadReason),
+    /// Written to `hop` (or, when it did not fit, where `written` says).
+    Handed {
+        why: Why,
+        hop: Hop,
+        written: Written,
+    },
+}
+
+/// The delivery after its turn.
+#[derive(Debug, Clone)]
+pub struct Report {
+    /// The metadata as written (or as it was, when nothing was written).
+    pub meta: DeliveryMeta,
+    /// The attempt, when one was made.
+    pub outcome: Option<AttemptOutcome>,
+    pub next: Next,
+}
+
+impl DeliveryPath {
+    pub fn new(
+        engine: Engine,
+        endpoints: LiveEndpoints,
+        writer: HopWriter,
+        schedule: &[Duration],
+    ) -> Self {
+        DeliveryPath {
+            engine,
+            endpoints,
+            writer,
+            schedule: schedule.into(),
+            observer: Arc::new(NoObserver),
+        }
+    }
+
+    /// The same path, telling every attempt to `observer`.
+    pub fn with_observer(mut self, observer: Arc<dyn AttemptObserver>) -> Self {
+        self.observer = observer;
+        self
+    }
+
+    pub fn endpoints(&self) -> &LiveEndpoints {
+        &self.endpoints
+    }
+
+    pub fn writer(&self) -> &HopWriter {
+        &self.writer
+    }
+
+    pub fn topics(&self) -> &Topics {
+        &self.writer.topics
+    }
+
+    /// Attempts `delivery` and writes its next hop (see the module doc). `stage` labels the
+    /// attempt's metrics and observer call. An error means nothing more may be written for it:
+    /// a fatal produce error, a write abandoned at shutdown, or the source partition revoked
+    /// ([`HopError::Revoked`]: nothing written, the new owner handles the record).
+    pub async fn attempt(
+        &self,
+        stage: &AttemptMetrics,
+        mut d: Delivery,
+        turn: Turn,
+        origin: Origin<'_>,
+    ) -> Result<Report, HopError> {
+        let replay = matches!(turn, Turn::Replay { .. });
+        let endpoint = match self.endpoints.current().usable_for(&d.meta) {
+            Ok(endpoint) => endpoint,
+            Err(reason) if replay => return Ok(report(d.meta, None, Next::Skipped(reason))),
+            Err(reason) => return self.dead_letter(d, reason, &origin).await,
+        };
+        if !replay && !hop::has_slot(&d.meta, &self.schedule) {
+            // Written under a longer schedule: the current one allows no further attempt.
+            return self.dead_letter(d, DeadReason::Exhausted, &origin).await;
+        }
+
+        let fresh = d.meta.history.is_empty() && d.meta.attempt == 1 && d.meta.deferrals == 0;
+        let (attempt, body) = (d.meta.attempt, d.body.clone());
+        // A dropped sender never fires: "never cut".
+        let cutoff = origin
+            .cutoff
+            .clone()
+            .unwrap_or_else(|| watch::channel(false).1);
+        let admission = if !replay && hop::can_defer(&d.meta, &self.schedule) {
+            self.engine
+                .deliver_unless_saturated(&endpoint, &d.meta.event_id, body, attempt, cutoff)
+                .await
+        } else {
+            // The last slot, or a replay: nothing to defer to, the attempt waits for a slot.
+            let outcome = self
+                .engine
+                .deliver_or_cut(&endpoint, &d.meta.event_id, body, attempt, cutoff)
+                .await;
+            Admission::Attempted(outcome)
+        };
+        let outcome = match admission {
+            Admission::Attempted(outcome) => outcome,
+            Admission::Saturated { busy } => {
+                if fresh {
+                    d.meta.first_attempt_ms = now_ms();
+                }
+                let hop = hop::defer(&mut d.meta, busy, self.topics(), &self.schedule);
+                return self
+                    .hand(d, None, Why::Deferred { busy }, hop, &origin)
+                    .await;
+            }
+        };
+        stage.observe(&outcome);
+        self.observer.attempted(&AttemptEvent {
+            event_id: &d.meta.event_id,
+            endpoint_id: &d.meta.endpoint_id,
+            tenant: d.meta.tenant.as_deref(),
+            stage: stage.stage(),
+            outcome: &outcome,
+        });
+        if fresh {
+            d.meta.first_attempt_ms = outcome.started_at_ms;
+        }
+        if outcome.result.is_delivered() {
+            return Ok(report(d.meta, Some(outcome), Next::Delivered));
+        }
+        let hop = match turn {
+            Turn::Scheduled => {
+                hop::after_failure(&mut d.meta, &outcome, self.topics(), &self.schedule)
+            }
+            Turn::Replay {
+                replay_key,
+                with_retries,
+            } => {
+                d.meta.replay_key = Some(replay_key);
+                hop::after_replay(
+                    &mut d.meta,
+                    &outcome,
+                    with_retries,
+                    self.topics(),
+                    &self.schedule,
+                )
+            }
+        };
+        self.hand(d, Some(outcome), Why::Failed, hop, &origin).await
+    }
+
+    /// Ends a delivery without an attempt: `<p>.dlq` with `reason`.
+    async fn dead_letter(
+        &self,
+        mut d: Delivery,
+        reason: DeadReason,
+        origin: &Origin<'_>,
+    ) -> Result<Report, HopError> {
+        hop::mark_dead(&mut d.meta, reason);
+        let hop = Hop::Dead {
+            topic: self.topics().dlq(),
+        };
+        self.hand(d, None, Why::Dead(reason), hop, origin).await
+    }
+
+    /// Writes the delivery record to `hop` through the origin's gate and waits for the
+    /// acknowledgement.
+    async fn hand(
+        &self,
+        mut d: Delivery,
+        outcome: Option<AttemptOutcome>,
+        why: Why,
+        hop: Hop,
+        origin: &Origin<'_>,
+    ) -> Result<Report, HopError> {
+        let written = self
+            .writer
+            .write(
+                origin.gate,
+                hop.topic(),
+                &mut d.meta,
+                d.key.as_deref(),
+                &d.body,
+                d.dedupe_key.as_deref(),
+                origin.source,
+            )
+            .await?;
+        Ok(report(d.meta, outcome, Next::Handed { why, hop, written }))
+    }
+}
+
+fn report(meta: DeliveryMeta, outcome: Option<AttemptOutcome>, next: Next) -> Report {
+    Report {
+        meta,
+        outcome,
+        next,
+    }
+}

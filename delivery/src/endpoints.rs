@@ -1,0 +1,198 @@
+//! The endpoint set and fan-out: which endpoints receive an event, and whether the endpoint of
+//! a delivery may still receive it.
+//!
+//! An endpoint receives an event when it is enabled, its tenant matches (an endpoint without a
+//! tenant receives every tenant; an event without a tenant goes only to endpoints without one),
+//! and one of its `event_types` globs matches the event type (no globs = every type).
+//!
+//! The set is read through [`LiveEndpoints`], a handle whose content can be replaced while the
+//! stages run ([`EndpointsUpdater::replace`]): every fan-out and every attempt reads the set
+//! current at that moment. Today the set comes from the config file and is never replaced; the
+//! control plane (endpoints tailed from a compacted topic) plugs in here.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use hookline_common::config::EndpointConfig;
+use hookline_common::delivery::{DeadReason, DeliveryMeta};
+use hookline_common::glob::glob_match;
+use tokio::sync::watch;
+
+/// The configured endpoints, indexed for fan-out and lookup by id.
+#[derive(Debug, Clone, Default)]
+pub struct Endpoints {
+    list: Vec<Arc<EndpointConfig>>,
+    by_id: HashMap<String, Arc<EndpointConfig>>,
+}
+
+impl Endpoints {
+    pub fn new(configs: &[EndpointConfig]) -> Self {
+        let list: Vec<Arc<EndpointConfig>> = configs.iter().cloned().map(Arc::new).collect();
+        let by_id = list.iter().map(|e| (e.id.clone(), e.clone())).collect();
+        Endpoints { list, by_id }
+    }
+
+    /// Enabled endpoints subscribed to this event, in configuration order.
+    pub fn matching(&self, tenant: Option<&str>, event_type: &str) -> Vec<Arc<EndpointConfig>> {
+        self.list
+            .iter()
+            .filter(|e| e.enabled && subscribes(e, tenant, event_type))
+            .cloned()
+            .collect()
+    }
+
+    /// The endpoint with this id (enabled or not), as configured now.
+    pub fn get(&self, id: &str) -> Option<Arc<EndpointConfig>> {
+        self.by_id.get(id).cloned()
+    }
+
+    /// The endpoint of `meta`'s delivery, if it may still receive the event: configured,
+    /// enabled and subscribed to the event's tenant and type; else why not. The one answer for
+    /// every attempt after fan-out (tiers, replay) and for the dispatcher's own attempt.
+    pub fn usable_for(&self, meta: &DeliveryMeta) -> Result<Arc<EndpointConfig>, DeadReason> {
+        let endpoint = self
+            .get(&meta.endpoint_id)
+            .ok_or(DeadReason::EndpointRemoved)?;
+        if !endpoint.enabled {
+            return Err(DeadReason::EndpointDisabled);
+        }
+        if !subscribes(&endpoint, meta.tenant.as_deref(), &meta.event_type) {
+            return Err(DeadReason::EndpointUnsubscribed);
+        }
+        Ok(endpoint)
+    }
+
+    pub fn len(&self) -> usize {
+        self.list.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.list.is_empty()
+    }
+}
+
+/// A read handle on the current endpoint set; cheap to clone, shared by every task of a stage.
+#[derive(Debug, Clone)]
+pub struct LiveEndpoints {
+    current: watch::Receiver<Arc<Endpoints>>,
+}
+
+/// Replaces the endpoint set every [`LiveEndpoints`] handle of it reads.
+#[derive(Debug)]
+pub struct EndpointsUpdater {
+    tx: watch::Sender<Arc<Endpoints>>,
+}
+
+impl LiveEndpoints {
+    /// A set that is never replaced (the endpoints of the config file).
+    pub fn fixed(configs: &[EndpointConfig]) -> Self {
+        LiveEndpoints::updatable(configs).1
+    }
+
+    /// A set and the updater that replaces it.
+    pub fn updatable(configs: &[EndpointConfig]) -> (EndpointsUpdater, LiveEndpoints) {
+        let (tx, current) = watch::channel(Arc::new(Endpoints::new(configs)));
+        (EndpointsUpdater { tx }, LiveEndpoints { current })
+    }
+
+    /// The set as it is now (a snapshot: a replacement later does not change it).
+    pub fn current(&self) -> Arc<Endpoints> {
+        self.current.borrow().clone()
+    }
+}
+
+impl EndpointsUpdater {
+    /// Replaces the set: fan-outs and attempts from now on read `configs`.
+    pub fn replace(&self, configs: &[EndpointConfig]) {
+        self.tx.send_replace(Arc::new(Endpoints::new(configs)));
+    }
+}
+
+/// Whether the endpoint, as configured now, subscribes to events of this tenant and type (its
+/// `enabled` flag aside). The one answer to this question: fan-out, every retry attempt and
+/// every replay ask it here, so a tenant or type filter changed between attempts is honoured.
+pub fn subscribes(e: &EndpointConfig, tenant: Option<&str>, event_type: &str) -> bool {
+    let tenant_ok = match (&e.tenant, tenant) {
+        (None, _) => true,
+        (Some(want), Some(got)) => want == got,
+        (Some(_), None) => false,
+    };
+    tenant_ok
+        && (e.event_types.is_empty() || e.event_types.iter().any(|g| glob_match(g, event_type)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ep(id: &str, tenant: Option<&str>, types: &[&str], enabled: bool) -> EndpointConfig {
+        EndpointConfig {
+            id: id.into(),
+            url: "https://example.com/hook".into(),
+            secrets: vec![],
+            tenant: tenant.map(str::to_string),
+            event_types: types.iter().map(|s| s.to_string()).collect(),
+            enabled,
+            timeout: None,
+            max_concurrency: None,
+        }
+    }
+
+    #[test]
+    fn tenant_and_type_rules() {
+        let e = Endpoints::new(&[
+            ep("all", None, &[], true),
+            ep("acme-msg", Some("acme"), &["message.*"], true),
+            ep("globex", Some("globex"), &[], true),
+            ep("off", None, &[], false),
+        ]);
+        let ids = |t: Option<&str>, ty: &str| -> Vec<String> {
+            e.matching(t, ty).iter().map(|x| x.id.clone()).collect()
+        };
+        assert_eq!(ids(Some("acme"), "message.created"), ["all", "acme-msg"]);
+        assert_eq!(ids(Some("acme"), "call.started"), ["all"]);
+        assert_eq!(ids(None, "message.created"), ["all"]);
+        assert_eq!(ids(Some("globex"), "x"), ["all", "globex"]);
+        assert!(e.get("off").is_some());
+    }
+
+    fn meta(endpoint: &str, tenant: Option<&str>, event_type: &str) -> DeliveryMeta {
+        DeliveryMeta::new(endpoint, "evt", event_type, tenant, 0)
+    }
+
+    #[test]
+    fn usable_names_why_not() {
+        let e = Endpoints::new(&[
+            ep("acme-msg", Some("acme"), &["message.*"], true),
+            ep("off", None, &[], false),
+        ]);
+        let usable = |m: &DeliveryMeta| e.usable_for(m).map(|ep| ep.id.clone());
+        assert_eq!(
+            usable(&meta("acme-msg", Some("acme"), "message.created")),
+            Ok("acme-msg".to_string())
+        );
+        assert_eq!(
+            usable(&meta("acme-msg", Some("globex"), "message.created")),
+            Err(DeadReason::EndpointUnsubscribed)
+        );
+        assert_eq!(
+            usable(&meta("off", None, "x")),
+            Err(DeadReason::EndpointDisabled)
+        );
+        assert_eq!(
+            usable(&meta("gone", None, "x")),
+            Err(DeadReason::EndpointRemoved)
+        );
+    }
+
+    #[test]
+    fn a_replaced_set_is_read_by_every_handle() {
+        let (updater, live) = LiveEndpoints::updatable(&[ep("a", None, &[], true)]);
+        let other = live.clone();
+        let before = live.current();
+        updater.replace(&[ep("b", None, &[], true)]);
+        assert!(before.get("a").is_some(), "a snapshot stays as it was");
+        assert!(other.current().get("a").is_none());
+        assert!(other.current().get("b").is_some());
+    }
+}

@@ -1,0 +1,414 @@
+//! The HTTP delivery engine: one signed `POST` of an event to an endpoint, bounded in time, in
+//! response size and in per-endpoint concurrency ([`crate::limits`]), returning what happened as
+//! an [`AttemptOutcome`]. Deciding what to do with the outcome (next tier, dead letter) is the
+//! delivery path's ([`crate::attempt`]).
+//!
+//! Contract (DESIGN.md, "Delivery to an endpoint"): body = the producer's bytes; headers from
+//! [`crate::request`]; redirects are not followed.
+//!
+//! The status is the acknowledgement: success = a 2xx status line within the timeout (connect,
+//! request, response headers). The body is diagnostics only: at most `max_response_body_bytes`
+//! of it are read, for at most [`BODY_GRACE`] and never past the timeout, and how it ends (slow,
+//! cut, reset) never turns a 2xx into a failure nor a non-2xx into another class. So an endpoint
+//! that acknowledges at once and then trickles its body is delivered, not retried.
+
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use hookline_common::clock::{now_ms as unix_ms_now, now_secs as unix_secs_now};
+use hookline_common::config::{EndpointConfig, HttpConfig};
+use hookline_common::secret::decode_secret;
+use prometheus::{IntGauge, Registry};
+use tokio::sync::watch;
+use tracing::{debug, warn};
+use url::Url;
+
+use crate::client::{self, truncate_utf8};
+use crate::limits::{EndpointLimits, SlotWait};
+use crate::metrics;
+use crate::outcome::{Admission, AttemptOutcome, AttemptResult, FailureClass};
+use crate::request::webhook_headers;
+use crate::ssrf::SsrfGuard;
+
+/// After the status line, how long the kept part of the body may take (also capped by what is
+/// left of the timeout). Long enough for any body sent with its headers, short enough that a
+/// trickling endpoint cannot hold a concurrency slot for long.
+pub const BODY_GRACE: Duration = Duration::from_secs(1);
+
+/// The delivery engine. Cheap to clone: clones share the connection pool, the per-endpoint
+/// concurrency limits and the in-flight gauge.
+#[derive(Clone)]
+pub struct Engine {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    /// One pooled client for every endpoint: no redirects, no proxy, the guarded resolver.
+    client: reqwest::Client,
+    guard: Arc<SsrfGuard>,
+    timeout: Duration,
+    max_response_body_bytes: usize,
+    limits: EndpointLimits,
+    /// Endpoint ids already warned about, so a misconfigured endpoint logs once, not per event.
+    warned_blocked: Mutex<HashSet<String>>,
+    warned_bad_secret: Mutex<HashSet<String>>,
+    /// Requests on the wire (holding an endpoint concurrency permit).
+    inflight: IntGauge,
+}
+
+impl Engine {
+    /// Builds the engine of `stage` (`dispatcher`, `retry`, `replay`); its in-flight gauge is
+    /// registered on `registry` (`hookline_delivery_inflight_requests{stage}`).
+    ///
+    /// `default_endpoint_concurrency` caps concurrent requests to an endpoint that does not set
+    /// `max_concurrency`.
+    pub fn new(
+        http: &HttpConfig,
+        default_endpoint_concurrency: usize,
+        registry: &Registry,
+        stage: &str,
+    ) -> anyhow::Result<Engine> {
+        let guard = Arc::new(SsrfGuard::new(&http.allow_cidrs).map_err(anyhow::Error::msg)?);
+        let limits = EndpointLimits::new(default_endpoint_concurrency);
+        let client = client::build(http, guard.clone(), default_endpoint_concurrency.max(1))?;
+        let inflight = metrics::inflight_requests(registry, stage)?;
+        Ok(Engine {
+            inner: Arc::new(Inner {
+                client,
+                guard,
+                timeout: http.timeout,
+                max_response_body_bytes: http.max_response_body_bytes,
+                limits,
+                warned_blocked: Mutex::new(HashSet::new()),
+                warned_bad_secret: Mutex::new(HashSet::new()),
+                inflight,
+            }),
+        })
+    }
+
+    /// [`Engine::deliver`], unless `cutoff` turns true first (a graceful stop whose grace ran
+    /// out, or a revoke of the record's partition): then the attempt is abandoned and reported
+    /// as a `timeout` failure, so the caller hands it off like any failed attempt.
+    pub async fn deliver_or_cut(
+        &self,
+        endpoint: &EndpointConfig,
+        event_id: &str,
+        body: Bytes,
+        attempt: u32,
+        cutoff: watch::Receiver<bool>,
+    ) -> AttemptOutcome {
+        let run = self.run(endpoint, event_id, body, attempt, SlotWait::Unbounded);
+        match self.cut_short(run, attempt, cutoff).await {
+            Admission::Attempted(outcome) => outcome,
+            Admission::Saturated { .. } => unreachable!("an unbounded slot wait never refuses"),
+        }
+    }
+
+    /// Like [`Engine::deliver_or_cut`], but refuses the delivery ([`Admission::Saturated`], no
+    /// request made) when no concurrency slot is free and the endpoint is saturated or its queue
+    /// is longer than its pace clears (see [`crate::limits`]). For callers that can defer the
+    /// delivery.
+    pub async fn deliver_unless_saturated(
+        &self,
+        endpoint: &EndpointConfig,
+        event_id: &str,
+        body: Bytes,
+        attempt: u32,
+        cutoff: watch::Receiver<bool>,
+    ) -> Admission {
+        let run = self.run(endpoint, event_id, body, attempt, SlotWait::Bounded);
+        self.cut_short(run, attempt, cutoff).await
+    }
+
+    async fn cut_short(
+        &self,
+        run: impl std::future::Future<Output = Admission>,
+        attempt: u32,
+        mut cutoff: watch::Receiver<bool>,
+    ) -> Admission {
+        let started_at_ms = unix_ms_now();
+        let start = Instant::now();
+        let cut = async move {
+            if cutoff.wait_for(|cut| *cut).await.is_err() {
+                // The sender is gone without cutting: never fires.
+                std::future::pending::<()>().await;
+            }
+        };
+        tokio::select! {
+            admission = run => admission,
+            () = cut => {
+                let duration = start.elapsed();
+                Admission::Attempted(AttemptOutcome {
+                    attempt,
+                    started_at_ms,
+                    duration,
+                    result: AttemptResult::Failed {
+                        class: FailureClass::Timeout,
+                        status: None,
+                        snippet: format!(
+                            "attempt interrupted by shutdown or rebalance after {} ms",
+                            duration.as_millis()
+                        ),
+                    },
+                })
+            }
+        }
+    }
+
+    /// Makes one delivery attempt of `body` (sent unchanged) for event `event_id` to `endpoint`.
+    ///
+    /// Waits for a concurrency permit of the endpoint first; that wait is not part of the
+    /// timeout (`endpoint.timeout`, else `http.timeout`), which bounds the exchange itself.
+    /// Never panics on anything the endpoint does; every failure is an [`AttemptResult::Failed`].
+    pub async fn deliver(
+        &self,
+        endpoint: &EndpointConfig,
+        event_id: &str,
+        body: Bytes,
+        attempt: u32,
+    ) -> AttemptOutcome {
+        match self
+            .run(endpoint, event_id, body, attempt, SlotWait::Unbounded)
+            .await
+        {
+            Admission::Attempted(outcome) => outcome,
+            Admission::Saturated { .. } => unreachable!("an unbounded slot wait never refuses"),
+        }
+    }
+
+    async fn run(
+        &self,
+        endpoint: &EndpointConfig,
+        event_id: &str,
+        body: Bytes,
+        attempt: u32,
+        wait: SlotWait,
+    ) -> Admission {
+        let url = match self.target(endpoint) {
+            Ok(url) => url,
+            Err(result) => {
+                let outcome = AttemptOutcome {
+                    attempt,
+                    started_at_ms: unix_ms_now(),
+                    duration: Duration::ZERO,
+                    result,
+                };
+                return Admission::Attempted(self.finish(endpoint, outcome));
+            }
+        };
+
+        let limit = self.inner.limits.of(endpoint);
+        let Some(_permit) = limit.acquire(&endpoint.id, wait).await else {
+            return Admission::Saturated { busy: limit.max };
+        };
+        let started_at_ms = unix_ms_now();
+        let start = Instant::now();
+        let _inflight = InflightGuard::enter(&self.inner.inflight);
+        let timeout = endpoint.timeout.unwrap_or(self.inner.timeout);
+        let result = self
+            .exchange(endpoint, url, event_id, body, attempt, timeout)
+            .await;
+        let outcome = AttemptOutcome {
+            attempt,
+            started_at_ms,
+            duration: start.elapsed(),
+            result,
+        };
+        limit.released(outcome.duration);
+        Admission::Attempted(self.finish(endpoint, outcome))
+    }
+
+    /// The endpoint URL, parsed and, when its host is an IP literal, checked by the guard
+    /// (reqwest only calls the guarded resolver for names).
+    fn target(&self, endpoint: &EndpointConfig) -> Result<Url, AttemptResult> {
+        let invalid = |reason: &str| AttemptResult::Failed {
+            class: FailureClass::InvalidUrl,
+            status: None,
+            snippet: self.cap(reason.to_string()),
+        };
+        let url = match Url::parse(&endpoint.url) {
+            Ok(url) => url,
+            Err(e) => return Err(invalid(&format!("endpoint url is not a url: {e}"))),
+        };
+        if !matches!(url.scheme(), "http" | "https") || url.host().is_none() {
+            return Err(invalid(
+                "endpoint url must be http:// or https:// with a host",
+            ));
+        }
+        if let Err(blocked) = self.inner.guard.check_url(&url) {
+            return Err(AttemptResult::Failed {
+                class: FailureClass::Blocked,
+                status: None,
+                snippet: self.cap(blocked.to_string()),
+            });
+        }
+        Ok(url)
+    }
+
+    /// The request, bounded by `timeout` until its status line, then the bounded read of the
+    /// kept part of its body.
+    async fn exchange(
+        &self,
+        endpoint: &EndpointConfig,
+        url: Url,
+        event_id: &str,
+        body: Bytes,
+        attempt: u32,
+        timeout: Duration,
+    ) -> AttemptResult {
+        let deadline = tokio::time::Instant::now() + timeout;
+        let keys = self.keys(endpoint);
+        let Some(headers) = webhook_headers(event_id, unix_secs_now(), attempt, &keys, &body)
+        else {
+            // The deduper rejects such ids; reaching here is a bug upstream, not the endpoint's.
+            return AttemptResult::Failed {
+                class: FailureClass::Io,
+                status: None,
+                snippet: self.cap("event id is not a valid http header value".into()),
+            };
+        };
+
+        // `send` resolves when the status line and headers arrived.
+        let sent = tokio::time::timeout_at(
+            deadline,
+            self.inner
+                .client
+                .post(url)
+                .headers(headers)
+                .body(body)
+                .send(),
+        )
+        .await;
+        let mut response = match sent {
+            Ok(Ok(response)) => response,
+            Ok(Err(err)) => {
+                let (class, text) = client::transport_failure(err);
+                return AttemptResult::Failed {
+                    class,
+                    status: None,
+                    snippet: self.cap(text),
+                };
+            }
+            Err(_elapsed) => {
+                return AttemptResult::Failed {
+                    class: FailureClass::Timeout,
+                    status: None,
+                    snippet: self.cap(format!(
+                        "no response status within {} ms",
+                        timeout.as_millis()
+                    )),
+                }
+            }
+        };
+        let status = response.status().as_u16();
+
+        // The status decided the result; the body is diagnostics. Read only what is kept, within
+        // the grace, then drop the response: the rest is never buffered. When the body ends
+        // within the cap (the usual empty or small body) the connection is reused.
+        let grace = BODY_GRACE.min(deadline.saturating_duration_since(tokio::time::Instant::now()));
+        let kept =
+            client::read_kept(&mut response, self.inner.max_response_body_bytes, grace).await;
+        drop(response);
+
+        if (200..300).contains(&status) {
+            AttemptResult::Delivered { status }
+        } else {
+            AttemptResult::Failed {
+                class: FailureClass::HttpStatus,
+                status: Some(status),
+                snippet: self.cap(String::from_utf8_lossy(&kept).into_owned()),
+            }
+        }
+    }
+
+    /// The decoded keys of the endpoint's secrets; an undecodable one is skipped and warned
+    /// about once (config validation rejects them, so this is a safety net).
+    fn keys(&self, endpoint: &EndpointConfig) -> Vec<Vec<u8>> {
+        let mut keys = Vec::with_capacity(endpoint.secrets.len());
+        for (index, secret) in endpoint.secrets.iter().enumerate() {
+            match decode_secret(secret) {
+                Ok(key) => keys.push(key),
+                Err(reason) => {
+                    if first_time(&self.inner.warned_bad_secret, &endpoint.id) {
+                        warn!(
+                            endpoint = %endpoint.id,
+                            index,
+                            %reason,
+                            "endpoint secret cannot be decoded, signing without it"
+                        );
+                    }
+                }
+            }
+        }
+        keys
+    }
+
+    /// Logs what must be logged (the delivery path counts the attempt).
+    fn finish(&self, endpoint: &EndpointConfig, outcome: AttemptOutcome) -> AttemptOutcome {
+        let duration_ms = u64::try_from(outcome.duration.as_millis()).unwrap_or(u64::MAX);
+        match &outcome.result {
+            AttemptResult::Delivered { status } => {
+                debug!(
+                    endpoint = %endpoint.id,
+                    attempt = outcome.attempt,
+                    status,
+                    duration_ms,
+                    "delivery attempt succeeded"
+                );
+            }
+            AttemptResult::Failed { class, status, .. } => {
+                if *class == FailureClass::Blocked
+                    && first_time(&self.inner.warned_blocked, &endpoint.id)
+                {
+                    warn!(endpoint = %endpoint.id, "endpoint address blocked by the SSRF guard");
+                }
+                debug!(
+                    endpoint = %endpoint.id,
+                    attempt = outcome.attempt,
+                    class = class.as_str(),
+                    status,
+                    duration_ms,
+                    "delivery attempt failed"
+                );
+            }
+        }
+        outcome
+    }
+
+    /// Cuts `text` to at most `max_response_body_bytes` bytes, on a character boundary.
+    fn cap(&self, text: String) -> String {
+        truncate_utf8(text, self.inner.max_response_body_bytes)
+    }
+}
+
+/// Keeps the in-flight gauge right even when the delivery future is dropped mid-flight.
+struct InflightGuard<'a>(&'a IntGauge);
+
+impl<'a> InflightGuard<'a> {
+    fn enter(gauge: &'a IntGauge) -> Self {
+        gauge.inc();
+        InflightGuard(gauge)
+    }
+}
+
+impl Drop for InflightGuard<'_> {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
+}
+
+/// Inserts `id` into `set`, telling whether it was new.
+fn first_time(set: &Mutex<HashSet<String>>, id: &str) -> bool {
+    lock(set).insert(id.to_string())
+}
+
+/// Locks a mutex whose data stays consistent even if a holder panicked.
+pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+#[cfg(test)]
+#[path = "engine_tests.rs"]
+mod tests;

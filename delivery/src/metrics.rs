@@ -1,0 +1,103 @@
+//! Prometheus metrics of every delivery attempt, one family for the dispatcher, every tier and
+//! replay, told apart by the `stage` label (`dispatcher`, `retry.<tier>`, `replay`):
+//! - `hookline_delivery_attempts_total{stage, result="delivered|failed", class="ok|<failure class>"}`;
+//! - `hookline_delivery_attempt_duration_seconds{stage}`: connect, headers and the kept body;
+//! - `hookline_delivery_inflight_requests{stage}`: requests on the wire, per engine (`dispatcher`,
+//!   `retry` — one engine for every tier of a process — or `replay`).
+//!
+//! `stage` is a constant label of each registration, so the dispatcher, the tiers and replay
+//! register the same family on one registry (`run all`). Label values are closed sets: stage
+//! names come from the code and `retry.schedule`, classes from [`FailureClass::ALL`].
+
+use std::sync::Arc;
+
+use prometheus::{Histogram, HistogramOpts, IntCounterVec, IntGauge, Opts, Registry};
+
+use crate::outcome::{AttemptOutcome, AttemptResult, FailureClass};
+
+/// Name of the attempt counter family.
+pub const ATTEMPTS_TOTAL: &str = "hookline_delivery_attempts_total";
+/// Name of the attempt duration histogram.
+pub const ATTEMPT_DURATION: &str = "hookline_delivery_attempt_duration_seconds";
+/// Name of the in-flight request gauge.
+pub const INFLIGHT_REQUESTS: &str = "hookline_delivery_inflight_requests";
+
+/// The attempt series of one stage (`dispatcher`, `retry.5m`, `replay`). Cheap to clone.
+#[derive(Clone)]
+pub struct AttemptMetrics {
+    stage: Arc<str>,
+    attempts: IntCounterVec,
+    duration: Histogram,
+}
+
+impl AttemptMetrics {
+    /// Registers the stage's series on `registry`, every one created up front (zeros, not gaps).
+    pub fn register(registry: &Registry, stage: &str) -> prometheus::Result<Self> {
+        let attempts = IntCounterVec::new(
+            Opts::new(
+                ATTEMPTS_TOTAL,
+                "Delivery attempts by stage, result and failure class",
+            )
+            .const_label("stage", stage),
+            &["result", "class"],
+        )?;
+        let duration = Histogram::with_opts(
+            HistogramOpts::new(
+                ATTEMPT_DURATION,
+                "Duration of one delivery attempt (connect, headers, kept body)",
+            )
+            .const_label("stage", stage)
+            .buckets(vec![
+                0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+            ]),
+        )?;
+        registry.register(Box::new(attempts.clone()))?;
+        registry.register(Box::new(duration.clone()))?;
+        attempts.with_label_values(&["delivered", "ok"]);
+        for class in FailureClass::ALL {
+            attempts.with_label_values(&["failed", class.as_str()]);
+        }
+        Ok(AttemptMetrics {
+            stage: stage.into(),
+            attempts,
+            duration,
+        })
+    }
+
+    /// The `stage` label of these series.
+    pub fn stage(&self) -> &str {
+        &self.stage
+    }
+
+    /// Counts one finished attempt.
+    pub fn observe(&self, outcome: &AttemptOutcome) {
+        let (result, class) = match &outcome.result {
+            AttemptResult::Delivered { .. } => ("delivered", "ok"),
+            AttemptResult::Failed { class, .. } => ("failed", class.as_str()),
+        };
+        self.attempts.with_label_values(&[result, class]).inc();
+        // Attempts refused before reaching the endpoint would only drag the latency down.
+        if !matches!(
+            outcome.result,
+            AttemptResult::Failed {
+                class: FailureClass::Blocked | FailureClass::InvalidUrl,
+                ..
+            }
+        ) {
+            self.duration.observe(outcome.duration.as_secs_f64());
+        }
+    }
+}
+
+/// The in-flight request gauge of one engine.
+pub(crate) fn inflight_requests(registry: &Registry, stage: &str) -> prometheus::Result<IntGauge> {
+    let gauge = IntGauge::with_opts(
+        Opts::new(
+            INFLIGHT_REQUESTS,
+            "HTTP requests to endpoints currently in flight",
+        )
+        .const_label("stage", stage),
+    )?;
+    registry.register(Box::new(gauge.clone()))?;
+    Ok(gauge)
+}
