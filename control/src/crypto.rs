@@ -64,11 +64,15 @@ struct Key {
     cipher: XChaCha20Poly1305,
 }
 
-/// The keys of this process: the current one (seals) and older ones (open only).
+/// The secret sources of this process: the current key (seals) and older ones (open only),
+/// and the config file's endpoint secrets — a file-managed endpoint's secrets never leave the
+/// file (its record on `<p>.endpoints` carries none), so a file-only installation needs no key.
 #[derive(Default)]
 pub struct Keyring {
     current: Option<Key>,
     old: Vec<Key>,
+    /// `[[endpoints]]` id → its `secrets`, as this process's config file has them.
+    file: std::collections::HashMap<String, Vec<String>>,
 }
 
 impl fmt::Debug for Keyring {
@@ -110,6 +114,23 @@ fn parse_key(var: &str, text: &str) -> Result<Key, CryptoError> {
 }
 
 impl Keyring {
+    /// The same keys, with the config file's endpoint secrets (see [`Keyring`]).
+    pub fn with_file_secrets(
+        mut self,
+        endpoints: &[hookline_common::config::EndpointConfig],
+    ) -> Keyring {
+        self.file = endpoints
+            .iter()
+            .map(|e| (e.id.clone(), e.secrets.clone()))
+            .collect();
+        self
+    }
+
+    /// The secrets the config file gives endpoint `id`; `None` if the file does not list it.
+    pub fn file_secrets(&self, id: &str) -> Option<&[String]> {
+        self.file.get(id).map(Vec::as_slice)
+    }
+
     /// No key: reading works, but secrets can neither be sealed nor opened.
     pub fn empty() -> Keyring {
         Keyring::default()
@@ -134,7 +155,11 @@ impl Keyring {
             .enumerate()
             .map(|(i, k)| parse_key(&format!("{SECRETS_OLD_KEYS_ENV}[{i}]"), k))
             .collect::<Result<Vec<_>, _>>()?;
-        Ok(Keyring { current, old })
+        Ok(Keyring {
+            current,
+            old,
+            file: Default::default(),
+        })
     }
 
     /// A fresh random key, base64 (what `openssl rand -base64 32` prints).

@@ -71,6 +71,19 @@ impl Endpoint {
         let mut problem = None;
         let mut secrets = Vec::new();
         let mut needs_reencryption = false;
+        if r.managed_by == ManagedBy::File {
+            // Its secrets are in the config file, not on the topic.
+            match keyring.file_secrets(&r.id) {
+                Some(file) => secrets.extend(file.iter().map(|s| SigningSecret {
+                    secret: s.clone(),
+                    expires_at_ms: None,
+                })),
+                None => {
+                    problem =
+                        Some("file-managed, but this process's config file does not list it".into())
+                }
+            }
+        }
         for (i, s) in r.secrets.iter().enumerate() {
             needs_reencryption |= !keyring.is_current(&s.sealed);
             match keyring.open(&r.id, &s.sealed) {
@@ -102,10 +115,16 @@ impl Endpoint {
         }
     }
 
-    /// The record of this endpoint, every secret sealed afresh with the current key.
+    /// The record of this endpoint, every secret sealed afresh with the current key (none for a
+    /// file-managed endpoint: its secrets stay in the config file).
     pub fn to_record(&self, keyring: &Keyring) -> Result<EndpointRecord, CryptoError> {
-        let secrets = self
-            .secrets
+        // A file-managed endpoint's secrets stay in the file.
+        let on_topic: &[SigningSecret] = if self.managed_by == ManagedBy::File {
+            &[]
+        } else {
+            &self.secrets
+        };
+        let secrets = on_topic
             .iter()
             .map(|s| {
                 Ok(SealedSecret {

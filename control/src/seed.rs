@@ -9,6 +9,9 @@
 //! - The API and the CLI refuse to change file-managed endpoints ([`crate::ops::WriteError::FileManaged`]).
 //! - Endpoints created through the API are never touched by seeding (unless the file takes their id).
 //!
+//! - A file-managed endpoint's **secrets stay in the file**: its record carries none, every
+//!   process signs with the secrets of its own config file (no key needed for them).
+//!
 //! Every seeding process runs with the same file (one ConfigMap), so they all write the same
 //! thing; the transactional writer makes concurrent starts write it once. During a rolling
 //! update the last process to start wins, i.e. the new file once the rollout is done.
@@ -21,7 +24,9 @@ use crate::record::ManagedBy;
 use crate::registry::Registry;
 use crate::writer::Change;
 
-/// Whether `e` is exactly the file's definition `d`, file-managed, every secret readable.
+/// Whether `e` is exactly the file's definition `d`, file-managed. Secrets are not compared: a
+/// file-managed endpoint's secrets never go to the topic, every process takes them from its
+/// own config file.
 fn same(e: &Endpoint, d: &EndpointConfig) -> bool {
     e.managed_by == ManagedBy::File
         && e.problem.is_none()
@@ -31,11 +36,6 @@ fn same(e: &Endpoint, d: &EndpointConfig) -> bool {
         && e.enabled == d.enabled
         && e.timeout == d.timeout
         && e.max_concurrency == d.max_concurrency
-        && e.secrets.len() == d.secrets.len()
-        && e.secrets
-            .iter()
-            .zip(&d.secrets)
-            .all(|(s, f)| s.secret == *f && s.expires_at_ms.is_none())
 }
 
 /// The file's endpoint as the registry holds it, replacing `current` (if any) at `now`.

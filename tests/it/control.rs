@@ -265,7 +265,7 @@ async fn registry_writes_reach_a_second_process_with_concurrency_and_file_rules(
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn seeding_follows_the_file_and_a_missing_key_disables_rather_than_sends_unsigned() {
+async fn seeding_follows_the_file_and_a_missing_key_disables_api_endpoints_rather_than_sends_unsigned() {
     require_kafka();
     let prefix = unique_prefix("seed");
     let with = |url: &str| {
@@ -303,24 +303,30 @@ async fn seeding_follows_the_file_and_a_missing_key_disables_rather_than_sends_u
         "API endpoints are not the file's business"
     );
 
-    // A process without the key reads the set but never sends unsigned.
+    // A process without the key: file-managed endpoints sign with its own file's secrets (they
+    // never go to the topic, so no key is needed for them); an API endpoint's sealed secret
+    // cannot be opened, so that endpoint is treated as disabled — never sent unsigned.
     let blind = Registry::start(
         &changed,
         Keyring::empty(),
         &prometheus::Registry::new(),
-        false,
+        true,
     )
     .await
-    .expect("starts without a key");
+    .expect("starts and seeds without a key");
     let f1 = blind.get("f1").expect("visible");
+    assert_eq!(f1.problem, None);
+    assert_eq!(f1.config_at(now_ms()).secrets, vec![SECRET.to_string()]);
+    assert!(f1.config_at(now_ms()).enabled);
+    let api = blind.get("api-made").expect("visible");
     assert!(
-        f1.problem
+        api.problem
             .as_deref()
             .is_some_and(|p| p.contains("HOOKLINE_SECRETS_KEY")),
         "{:?}",
-        f1.problem
+        api.problem
     );
-    assert!(!f1.config_at(now_ms()).enabled);
+    assert!(!api.config_at(now_ms()).enabled);
     let no_key = blind.create(def("x", "https://x.example/")).await;
     assert!(matches!(no_key, Err(WriteError::Crypto(_))), "{no_key:?}");
 }
