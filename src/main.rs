@@ -355,29 +355,41 @@ async fn run_stages(
             shutdown.clone(),
         )
     };
+    // One control plane (live endpoints, delivery log) for every stage of the process that
+    // delivers or administers; the deduper needs none.
+    let plane = if stage == Stage::Deduper {
+        None
+    } else {
+        Some(hookline_control::Plane::from_env(&config, &registry).await?)
+    };
     let mut tasks = tokio::task::JoinSet::new();
     if matches!(stage, Stage::Deduper | Stage::All) {
         let (c, r, rd, s) = ctx();
         tasks.spawn(async move { ("deduper", hookline_deduper::run(c, r, rd, s).await) });
     }
-    if matches!(stage, Stage::Dispatcher | Stage::All) {
-        let (c, r, rd, s) = ctx();
-        tasks.spawn(async move { ("dispatcher", hookline_dispatcher::run(c, r, rd, s).await) });
-    }
-    if matches!(stage, Stage::RetryTiers | Stage::RetryTier | Stage::All) {
-        let (c, r, rd, s) = ctx();
-        let only = (stage == Stage::RetryTier).then_some(tiers);
-        tasks.spawn(async move {
-            (
-                "retry-tiers",
-                hookline_retry_tiers::run(c, r, rd, s, only).await,
-            )
-        });
-    }
-    if matches!(stage, Stage::Admin | Stage::All) {
-        let (c, r, rd, s) = ctx();
-        let dev = dev || stage == Stage::All;
-        tasks.spawn(async move { ("admin", hookline_admin::run(c, r, rd, s, dev).await) });
+    if let Some(plane) = &plane {
+        if matches!(stage, Stage::Dispatcher | Stage::All) {
+            let ((c, r, rd, s), p) = (ctx(), plane.clone());
+            tasks.spawn(async move {
+                let result = hookline_dispatcher::run_with(c, r, rd, s, p).await;
+                ("dispatcher", result)
+            });
+        }
+        if matches!(stage, Stage::RetryTiers | Stage::RetryTier | Stage::All) {
+            let ((c, r, rd, s), p) = (ctx(), plane.clone());
+            let only = (stage == Stage::RetryTier).then_some(tiers);
+            tasks.spawn(async move {
+                let result = hookline_retry_tiers::run_with(c, r, rd, s, only, p).await;
+                ("retry-tiers", result)
+            });
+        }
+        if matches!(stage, Stage::Admin | Stage::All) {
+            let ((c, r, rd, s), p) = (ctx(), plane.clone());
+            let dev = dev || stage == Stage::All;
+            tasks.spawn(
+                async move { ("admin", hookline_admin::run_with(c, r, rd, s, dev, p).await) },
+            );
+        }
     }
     let mut failed = None;
     while let Some(joined) = tasks.join_next().await {
@@ -392,6 +404,9 @@ async fn run_stages(
             // Stop the other stages too: the orchestrator restarts the whole process.
             trigger.trigger();
         }
+    }
+    if let Some(plane) = plane {
+        plane.close().await;
     }
     ops_task.abort();
     match failed {

@@ -35,6 +35,7 @@ use hookline_common::admin_config::TokenScope;
 use hookline_common::config::Config;
 use hookline_common::ops::{Readiness, StageProbe};
 use hookline_common::shutdown::Shutdown;
+use hookline_control::Plane;
 use hookline_ingest::Ingest;
 use hookline_retry_tiers::replay::Replays;
 
@@ -166,7 +167,7 @@ pub fn tokens(config: &Config, dev: bool) -> anyhow::Result<(Tokens, Option<Stri
     Ok((tokens.with("dev", &token, TokenScope::Admin), Some(token)))
 }
 
-/// Runs the admin process until shutdown. `dev`: see [`tokens`].
+/// Runs the admin process until shutdown, on a control plane of its own. `dev`: see [`tokens`].
 pub async fn run(
     config: Arc<Config>,
     registry: Registry,
@@ -174,9 +175,24 @@ pub async fn run(
     shutdown: Shutdown,
     dev: bool,
 ) -> anyhow::Result<()> {
+    let plane = Plane::from_env(&config, &registry).await?;
+    let result = run_with(config, registry, readiness, shutdown, dev, plane.clone()).await;
+    plane.close().await;
+    result
+}
+
+/// [`run`] on the process's control plane (`run all` shares one between its stages).
+pub async fn run_with(
+    config: Arc<Config>,
+    registry: Registry,
+    readiness: Readiness,
+    shutdown: Shutdown,
+    dev: bool,
+    plane: Plane,
+) -> anyhow::Result<()> {
     let probe = readiness.register(STAGE);
     let result = async {
-        let bound = Bound::bind(config, &registry, dev).await?;
+        let bound = Bound::bind(config, &registry, dev, plane).await?;
         announce(bound.addr, bound.dev_token.as_deref());
         bound.serve(&probe, shutdown).await
     }
@@ -196,23 +212,13 @@ pub struct Bound {
 
 impl Bound {
     /// Checks the tokens, binds `admin.listen`, and starts the ingest (which first reads the
-    /// window's idempotency claims: until then a reused key could not be checked).
+    /// window's idempotency claims: until then a reused key could not be checked) and the
+    /// endpoint health tracker, on `plane`'s registry.
     pub async fn bind(
         config: Arc<Config>,
         registry: &Registry,
         dev: bool,
-    ) -> anyhow::Result<Bound> {
-        let keyring = hookline_control::Keyring::from_env()
-            .context("reading the endpoint secrets key (HOOKLINE_SECRETS_KEY)")?;
-        Bound::bind_with(config, registry, dev, keyring).await
-    }
-
-    /// [`Bound::bind`] with the endpoint secrets key given (tests, tools).
-    pub async fn bind_with(
-        config: Arc<Config>,
-        registry: &Registry,
-        dev: bool,
-        keyring: hookline_control::Keyring,
+        plane: Plane,
     ) -> anyhow::Result<Bound> {
         let (tokens, dev_token) = tokens(&config, dev)?;
         let listen = config.admin.listen;
@@ -223,15 +229,13 @@ impl Bound {
         let ingest = Ingest::start(&config, registry, config.admin.idempotency_keys)
             .await
             .context("starting the ingest (POST /v1/events)")?;
-        // The admin process seeds the config file's endpoints, as every stage does.
-        let live = hookline_control::Registry::start(&config, keyring, registry, true)
-            .await
-            .context("reading the endpoint registry")?;
+        let live = plane.registry.clone();
         let health =
             hookline_control::tracker::Health::start(&config, Some(live.clone()), registry)
                 .await
                 .context("starting the endpoint health tracker")?;
-        let replays = Replays::new(config.clone(), registry).context("setting up replays")?;
+        let replays =
+            Replays::new(config.clone(), registry, plane).context("setting up replays")?;
         let app = App {
             config,
             tokens: Arc::new(tokens),

@@ -11,6 +11,8 @@
 //! - [`health`]: per-endpoint health from the delivery log (pure); [`tracker`]: tails the log
 //!   and the DLQ, auto-disables; [`operational`]: events on `<p>.operational`.
 //! - [`tail`]: reading topics by assignment (no group) with positions to wait on.
+//! - [`plane`]: what a stage takes from all this — the registry fed into the delivery path's
+//!   live endpoint set, and the delivery log as the path's attempt observer.
 //! - [`cli`]: `hookline endpoints …` and `hookline trace`; [`table`]: aligned output.
 //! - [`metrics`]: the `hookline_control_*` families.
 
@@ -22,6 +24,7 @@ pub mod health;
 pub mod metrics;
 pub mod operational;
 pub mod ops;
+pub mod plane;
 pub mod record;
 pub mod registry;
 pub mod seed;
@@ -34,4 +37,5 @@ pub(crate) mod writer;
 pub use crypto::Keyring;
 pub use endpoint::{Endpoint, EndpointSet, SigningSecret};
 pub use ops::{EndpointUpdate, WriteError};
+pub use plane::Plane;
 pub use registry::Registry;

@@ -210,17 +210,11 @@ impl DeliveryPath {
             }
         };
         stage.observe(&outcome);
-        self.observer.attempted(&AttemptEvent {
-            event_id: &d.meta.event_id,
-            endpoint_id: &d.meta.endpoint_id,
-            tenant: d.meta.tenant.as_deref(),
-            stage: stage.stage(),
-            outcome: &outcome,
-        });
         if fresh {
             d.meta.first_attempt_ms = outcome.started_at_ms;
         }
         if outcome.result.is_delivered() {
+            self.observe(stage, &d.meta, &outcome, None);
             return Ok(report(d.meta, Some(outcome), Next::Delivered));
         }
         let hop = match turn {
@@ -241,7 +235,27 @@ impl DeliveryPath {
                 )
             }
         };
+        self.observe(stage, &d.meta, &outcome, Some(hop.label(self.topics())));
         self.hand(d, Some(outcome), Why::Failed, hop, &origin).await
+    }
+
+    /// Tells the observer about an attempt and where the delivery goes next.
+    fn observe(
+        &self,
+        stage: &AttemptMetrics,
+        meta: &DeliveryMeta,
+        outcome: &AttemptOutcome,
+        next: Option<&str>,
+    ) {
+        self.observer.attempted(&AttemptEvent {
+            event_id: &meta.event_id,
+            endpoint_id: &meta.endpoint_id,
+            tenant: meta.tenant.as_deref(),
+            event_type: &meta.event_type,
+            stage: stage.stage(),
+            outcome,
+            next,
+        });
     }
 
     /// Ends a delivery without an attempt: `<p>.dlq` with `reason`.

@@ -106,6 +106,11 @@ impl EndpointsUpdater {
     pub fn replace(&self, configs: &[EndpointConfig]) {
         self.tx.send_replace(Arc::new(Endpoints::new(configs)));
     }
+
+    /// Whether every [`LiveEndpoints`] handle of the set is gone (nothing reads it any more).
+    pub fn is_closed(&self) -> bool {
+        self.tx.is_closed()
+    }
 }
 
 /// Whether the endpoint, as configured now, subscribes to events of this tenant and type (its

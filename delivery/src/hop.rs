@@ -34,6 +34,16 @@ pub enum Hop {
 }
 
 impl Hop {
+    /// The hop as the delivery log and traces name it: `retry.<tier>` or `dlq` (the topic
+    /// without the `<p>.` prefix).
+    pub fn label<'a>(&'a self, topics: &Topics) -> &'a str {
+        let topic = self.topic();
+        topic
+            .strip_prefix(topics.prefix.as_str())
+            .and_then(|t| t.strip_prefix('.'))
+            .unwrap_or(topic)
+    }
+
     /// The topic the delivery record goes to.
     pub fn topic(&self) -> &str {
         match self {

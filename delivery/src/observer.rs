@@ -2,8 +2,9 @@
 //! dispatcher, every retry tier, replay), with what a delivery log or per-endpoint health needs.
 //! The default observes nothing; the control plane's delivery log implements it.
 //!
-//! It is called on the attempt's task right after the attempt, before the hand-off is written,
-//! so it must not block: an implementation that writes somewhere queues the write.
+//! It is called on the attempt's task right after the attempt and its next-hop decision, before
+//! the hand-off is written, so it must not block: an implementation that writes somewhere
+//! queues the write.
 
 use crate::outcome::{AttemptOutcome, AttemptResult, FailureClass};
 
@@ -13,10 +14,13 @@ pub struct AttemptEvent<'a> {
     pub event_id: &'a str,
     pub endpoint_id: &'a str,
     pub tenant: Option<&'a str>,
+    pub event_type: &'a str,
     /// The stage that made it: `dispatcher`, `retry.<tier>` or `replay` (the metrics' label).
     pub stage: &'a str,
     /// Attempt number, duration, start time and result.
     pub outcome: &'a AttemptOutcome,
+    /// Where the delivery goes next: `retry.<tier>` or `dlq`; `None` when delivered.
+    pub next: Option<&'a str>,
 }
 
 impl AttemptEvent<'_> {

@@ -83,8 +83,8 @@ use hookline_common::shutdown::Shutdown;
 use hookline_common::topics::Topics;
 
 use hookline_delivery::{
-    AttemptMetrics, Delivery, DeliveryPath, Engine, Hop, HopError, HopWriter, LiveEndpoints, Next,
-    Origin, Report, Turn, Why, Written,
+    AttemptMetrics, Delivery, DeliveryPath, Engine, Hop, HopError, HopWriter, Next, Origin, Report,
+    Turn, Why, Written,
 };
 
 use crate::metrics::{ConsumerMetrics, HandoffTarget};
@@ -134,6 +134,7 @@ pub async fn run(
     registry: prometheus::Registry,
     probe: StageProbe,
     mut shutdown: Shutdown,
+    plane: &hookline_control::Plane,
 ) -> anyhow::Result<()> {
     let topics = Topics::new(&config.topics.prefix);
     let dispatch_topic = topics.dispatch();
@@ -183,8 +184,13 @@ pub async fn run(
         .with_context(|| format!("subscribing to {dispatch_topic}"))?;
 
     let (fatal_tx, mut fatal_rx) = mpsc::unbounded_channel();
-    let endpoints = LiveEndpoints::fixed(&config.endpoints);
-    let path = DeliveryPath::new(engine, endpoints, writer, &config.retry.schedule);
+    let path = DeliveryPath::new(
+        engine,
+        plane.live_endpoints(),
+        writer,
+        &config.retry.schedule,
+    )
+    .with_observer(plane.observer());
     let dispatcher = Arc::new(Dispatcher {
         consumer,
         producer,

@@ -17,17 +17,34 @@ use std::sync::Arc;
 use hookline_common::config::Config;
 use hookline_common::ops::Readiness;
 use hookline_common::shutdown::Shutdown;
+use hookline_control::Plane;
 
 /// Runs the dispatcher stage until shutdown (SIGTERM: drain, commit, `Ok`). An error means the
-/// stage could not go on safely (a fatal produce error, startup failed): exit non-zero.
+/// stage could not go on safely (a fatal produce error, startup failed): exit non-zero. Starts
+/// its own control plane (live endpoints, delivery log); see [`run_with`] to share one.
 pub async fn run(
     config: Arc<Config>,
     registry: prometheus::Registry,
     readiness: Readiness,
     shutdown: Shutdown,
 ) -> anyhow::Result<()> {
+    let plane = Plane::from_env(&config, &registry).await?;
+    let result = run_with(config, registry, readiness, shutdown, plane.clone()).await;
+    plane.close().await;
+    result
+}
+
+/// [`run`] on the process's control plane: deliveries go to the registry's endpoints as they
+/// are now, and every attempt is written to the delivery log.
+pub async fn run_with(
+    config: Arc<Config>,
+    registry: prometheus::Registry,
+    readiness: Readiness,
+    shutdown: Shutdown,
+    plane: Plane,
+) -> anyhow::Result<()> {
     let probe = readiness.register(consumer::STAGE);
-    let result = consumer::run(config, registry, probe.clone(), shutdown).await;
+    let result = consumer::run(config, registry, probe.clone(), shutdown, &plane).await;
     probe.stopped();
     result
 }

@@ -46,7 +46,8 @@ use hookline_common::ops::{Readiness, StageProbe};
 use hookline_common::produce::ProduceErrors;
 use hookline_common::shutdown::{self, Shutdown};
 use hookline_common::topics::Topics;
-use hookline_delivery::{DeliveryPath, Engine, HopWriter, LiveEndpoints};
+use hookline_control::Plane;
+use hookline_delivery::{DeliveryPath, Engine, HopWriter};
 
 pub use attempt::BAD_DELIVERY_RECORD;
 
@@ -55,17 +56,33 @@ use crate::due::DueBound;
 use crate::metrics::Metrics;
 use crate::tier::Tier;
 
-/// Runs the worker of every tier of `retry.schedule` and of every orphan tier (a
-/// `<p>.retry.<tier>` topic the schedule no longer has, found at start and every minute), or only
-/// the tiers named in `tiers` (e.g. `["5m"]`, an orphan's name included), until shutdown: stop
-/// fetching, let in-flight attempts finish and hand off within `dispatcher.shutdown_grace`,
-/// commit, return. The first tier to fail stops the others and its error is returned.
+/// Runs the retry tiers (all, or the `tiers` named) until shutdown, on a control plane of
+/// their own; see [`run_with`] to share the process's.
 pub async fn run(
     config: Arc<Config>,
     registry: prometheus::Registry,
     readiness: Readiness,
     shutdown: Shutdown,
     tiers: Option<Vec<String>>,
+) -> anyhow::Result<()> {
+    let plane = Plane::from_env(&config, &registry).await?;
+    let result = run_with(config, registry, readiness, shutdown, tiers, plane.clone()).await;
+    plane.close().await;
+    result
+}
+
+/// Runs the worker of every tier of `retry.schedule` and of every orphan tier (a
+/// `<p>.retry.<tier>` topic the schedule no longer has, found at start and every minute), or only
+/// the tiers named in `tiers` (e.g. `["5m"]`, an orphan's name included), until shutdown: stop
+/// fetching, let in-flight attempts finish and hand off within `dispatcher.shutdown_grace`,
+/// commit, return. The first tier to fail stops the others and its error is returned.
+pub async fn run_with(
+    config: Arc<Config>,
+    registry: prometheus::Registry,
+    readiness: Readiness,
+    shutdown: Shutdown,
+    tiers: Option<Vec<String>>,
+    plane: Plane,
 ) -> anyhow::Result<()> {
     let topics = Topics::new(&config.topics.prefix);
     let orphans = orphans::discover(&config)
@@ -104,9 +121,14 @@ pub async fn run(
     let errors =
         ProduceErrors::register(&registry, "retry").context("registering produce error metrics")?;
     let writer = HopWriter::connect(&config, producer.clone(), errors, shutdown.clone()).await?;
-    let endpoints = LiveEndpoints::fixed(&config.endpoints);
     let stage = Arc::new(Stage {
-        path: DeliveryPath::new(engine, endpoints, writer, &config.retry.schedule),
+        path: DeliveryPath::new(
+            engine,
+            plane.live_endpoints(),
+            writer,
+            &config.retry.schedule,
+        )
+        .with_observer(plane.observer()),
         config: config.clone(),
         topics,
         producer,

@@ -52,8 +52,8 @@ use hookline_common::quarantine::Source;
 use hookline_common::topics::Topics;
 use hookline_delivery::outcome::attempt_record;
 use hookline_delivery::{
-    AttemptMetrics, AttemptOutcome, AttemptResult, Delivery, DeliveryPath, Engine, HopWriter,
-    LiveEndpoints, Next, Origin, Turn, Written,
+    AttemptMetrics, AttemptOutcome, AttemptResult, Delivery, DeliveryPath, Engine, HopWriter, Next,
+    Origin, Turn, Written,
 };
 
 /// What to replay and how.
@@ -153,6 +153,8 @@ pub struct Replays {
     config: Arc<Config>,
     engine: Engine,
     attempts: AttemptMetrics,
+    /// The live endpoints replays go to, and the delivery log they are written to.
+    plane: hookline_control::Plane,
 }
 
 /// Everything a replay task needs.
@@ -183,14 +185,23 @@ pub async fn run(
     options: ReplayOptions,
     out: &mut (dyn Write + Send),
 ) -> anyhow::Result<ReplaySummary> {
-    Replays::new(config, &Registry::new())?
+    let plane = hookline_control::Plane::for_tool(&config).await?;
+    let summary = Replays::new(config, &Registry::new(), plane.clone())?
         .run(options, out)
-        .await
+        .await;
+    plane.close().await;
+    summary
 }
 
 impl Replays {
-    /// Registers the replay series on `registry` (once per process and registry).
-    pub fn new(config: Arc<Config>, registry: &Registry) -> anyhow::Result<Replays> {
+    /// Registers the replay series on `registry` (once per process and registry). Replays go
+    /// to the endpoints of `plane`'s registry as they are now, and every attempt is written to
+    /// its delivery log.
+    pub fn new(
+        config: Arc<Config>,
+        registry: &Registry,
+        plane: hookline_control::Plane,
+    ) -> anyhow::Result<Replays> {
         let engine = Engine::new(
             &config.http,
             config.dispatcher.endpoint_concurrency,
@@ -204,6 +215,7 @@ impl Replays {
             config,
             engine,
             attempts,
+            plane,
         })
     }
 
@@ -225,7 +237,7 @@ async fn run_with(
     let config = &replays.config;
     let topics = Topics::new(&config.topics.prefix);
     let finished = finished(config).await?;
-    let endpoints = LiveEndpoints::fixed(&config.endpoints);
+    let endpoints = replays.plane.live_endpoints();
     let replayer = if options.dry_run {
         None
     } else {
@@ -242,7 +254,8 @@ async fn run_with(
             endpoints.clone(),
             writer,
             &config.retry.schedule,
-        );
+        )
+        .with_observer(replays.plane.observer());
         Some(Arc::new(Replayer {
             topics: topics.clone(),
             path,

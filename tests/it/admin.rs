@@ -31,14 +31,6 @@ fn sha(token: &str) -> String {
         .collect()
 }
 
-/// One endpoint secrets key for every admin process of the test binary (a second admin process
-/// must open what the first sealed).
-pub fn secrets_key() -> String {
-    static KEY: std::sync::OnceLock<String> = std::sync::OnceLock::new();
-    KEY.get_or_init(hookline_control::Keyring::generate_key)
-        .clone()
-}
-
 /// `[admin]` on port 0 with an admin token and one token per tenant (acme, globex).
 pub fn admin_section() -> String {
     format!(
@@ -64,10 +56,13 @@ impl Admin {
         let config = Arc::new(config.clone());
         let keyring =
             hookline_control::Keyring::from_base64(Some(&secrets_key()), &[]).expect("secrets key");
-        let bound =
-            hookline_admin::Bound::bind_with(config, &prometheus::Registry::new(), false, keyring)
-                .await
-                .expect("admin binds and starts");
+        let metrics = prometheus::Registry::new();
+        let plane = hookline_control::Plane::start(&config, keyring, &metrics)
+            .await
+            .expect("control plane");
+        let bound = hookline_admin::Bound::bind(config, &metrics, false, plane)
+            .await
+            .expect("admin binds and starts");
         let addr = bound.addr;
         let (trigger, shutdown) = shutdown::channel();
         let handle =

@@ -265,7 +265,8 @@ async fn registry_writes_reach_a_second_process_with_concurrency_and_file_rules(
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn seeding_follows_the_file_and_a_missing_key_disables_api_endpoints_rather_than_sends_unsigned() {
+async fn seeding_follows_the_file_and_a_missing_key_disables_api_endpoints_rather_than_sends_unsigned(
+) {
     require_kafka();
     let prefix = unique_prefix("seed");
     let with = |url: &str| {

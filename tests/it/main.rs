@@ -13,6 +13,7 @@ mod hardening;
 mod harness;
 mod ingest;
 mod isolation;
+mod live;
 mod oversize;
 mod pipeline;
 mod rebalance;

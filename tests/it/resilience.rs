@@ -213,18 +213,25 @@ async fn readyz_means_assigned_and_restored_and_healthz_that_loops_turn() {
         readiness.clone(),
         stop.clone(),
     ));
-    stages.spawn(hookline_dispatcher::run(
+    // One control plane for the process, as `run all` has.
+    let plane =
+        hookline_control::Plane::start(&config, hookline_control::Keyring::empty(), &registry)
+            .await
+            .expect("control plane");
+    stages.spawn(hookline_dispatcher::run_with(
         config.clone(),
         registry.clone(),
         readiness.clone(),
         stop.clone(),
+        plane.clone(),
     ));
-    stages.spawn(hookline_retry_tiers::run(
+    stages.spawn(hookline_retry_tiers::run_with(
         config.clone(),
         registry.clone(),
         readiness.clone(),
         stop.clone(),
         None,
+        plane,
     ));
 
     let client = reqwest::Client::new();
