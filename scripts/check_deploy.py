@@ -12,6 +12,11 @@ The admin API (both): it has at least one `[[admin.tokens]]` (it refuses to star
 on all interfaces of its pod / container on the port its Service / published port names, is
 reachable only from named sources, and no token whose clear text the repository publishes
 (the local compose stack's, in the README) opens the Kubernetes example.
+The endpoint secrets key (both): every process that reads the endpoint registry (`hookline run …`)
+gets HOOKLINE_SECRETS_KEY, the same on each; on Kubernetes from the Secret `hookline-secrets-key`
+(never a literal or a ConfigMap), not given to containers that do not need it, and the example
+overlay's value is a placeholder the process refuses; the compose stack's local-only key is a
+usable key; neither value appears in any other file of the repository.
 
 Which metrics the rules and the dashboard may use is checked against the real binary's /metrics
 by tests/it/deploy.rs (it needs a broker and traffic).
@@ -44,6 +49,13 @@ COMPONENTS = {"deduper", "dispatcher", "retry-tiers", "admin"}
 ADMIN_LISTEN_DEFAULT = "127.0.0.1:8090"
 # What `hookline admin token` prints: hlk_ + 64 hex digits.
 TOKEN_RE = re.compile(r"\bhlk_[0-9a-f]{64}\b")
+# The endpoint secrets key (control/src/crypto.rs: environment only, base64 of 32 bytes) and the
+# Secret that carries it on Kubernetes.
+SECRETS_KEY_ENV = "HOOKLINE_SECRETS_KEY"
+SECRETS_OLD_KEYS_ENV = "HOOKLINE_SECRETS_OLD_KEYS"
+SECRETS_KEY_SECRET = "hookline-secrets-key"
+K8S_KEY_FILE = OVERLAY / "secrets-key.env"
+COMPOSE_KEY_FILE = ROOT / "deploy/compose/secrets-key.env"
 
 passed, failed = 0, 0
 
@@ -91,6 +103,42 @@ def published_token_hashes():
              *(p for p in ROOT.glob("deploy/**/*") if p.is_file())]
     return {hashlib.sha256(t.encode()).hexdigest()
             for f in files for t in TOKEN_RE.findall(f.read_text(errors="replace"))}
+
+
+def read_env_file(path):
+    """`KEY=value` lines (kustomize `envs`, compose `env_file`); `#` lines are comments."""
+    env = {}
+    for line in path.read_text().splitlines():
+        line = line.strip()
+        if line and not line.startswith("#") and "=" in line:
+            k, v = line.split("=", 1)
+            env[k.strip()] = v
+    return env
+
+
+def usable_key(text):
+    """What the process accepts as HOOKLINE_SECRETS_KEY: standard base64 of exactly 32 bytes."""
+    try:
+        return len(base64.b64decode(text.strip(), validate=True)) == 32
+    except ValueError:
+        return False
+
+
+def files_containing(text, besides):
+    """Files of the repository (not target/, not .git/) other than `besides` that contain `text`."""
+    found = []
+    for dirpath, dirnames, filenames in os.walk(ROOT):
+        dirnames[:] = [d for d in dirnames if d not in ("target", ".git", "node_modules")]
+        for f in filenames:
+            path = Path(dirpath, f)
+            if path == besides:
+                continue
+            try:
+                if text in path.read_text(errors="ignore"):
+                    found.append(str(path.relative_to(ROOT)))
+            except OSError:
+                pass
+    return found
 
 
 def admin_listen(config, env):
@@ -149,8 +197,8 @@ def check_kubernetes(args):
     secrets = {o["metadata"]["name"].rsplit("-", 1)[0]: o for o in by_kind["Secret"]}
     decode = lambda o, k: base64.b64decode(o["data"][k]).decode()
     config_text = cm["data"]["hookline.toml"] + "\n" + decode(secrets["hookline-endpoints"], "endpoints.toml")
-    credentials = {k: base64.b64decode(v).decode()
-                   for k, v in secrets["hookline-kafka-credentials"].get("data", {}).items()}
+    secret_env = {name: {k: base64.b64decode(v).decode() for k, v in o.get("data", {}).items()}
+                  for name, o in secrets.items()}
     import tomllib
     config = tomllib.loads(config_text)
     listen_port = int(config["server"]["listen"].rsplit(":", 1)[1])
@@ -165,7 +213,9 @@ def check_kubernetes(args):
             for c in spec.get("initContainers", []) + spec["containers"]:
                 env = {e["name"]: e.get("value", "pod-name-0") for e in c.get("env", [])
                        if e["name"] != "HOOKLINE_CONFIG"}
-                env.update(credentials)
+                for ref in c.get("envFrom", []):
+                    if "secretRef" in ref:
+                        env.update(secret_env.get(ref["secretRef"]["name"].rsplit("-", 1)[0], {}))
                 code, out = run([args.hookline, "config", "check", str(path)], env=hookline_env(env))
                 check(f"config check with the env of {o['metadata']['name']}/{c['name']}",
                       code == 0, out.strip())
@@ -218,6 +268,7 @@ def check_kubernetes(args):
     check("a PodDisruptionBudget per stage and the admin API", COMPONENTS <= pdbs, str(pdbs))
     check_services(objects, by_kind)
     check_admin(objects, by_kind, config)
+    check_secrets_key(objects, by_kind)
     check("HPA on the dispatcher", any(o["spec"]["scaleTargetRef"]["name"] == "hookline-dispatcher"
                                        for o in by_kind.get("HorizontalPodAutoscaler", [])))
     np = by_kind["NetworkPolicy"][0]["spec"]
@@ -293,6 +344,70 @@ def check_admin(objects, by_kind, config):
           bool(admitting) and all(r.get("from") for r in admitting), str(admitting))
 
 
+def key_sources(c, secret_data, configmap_data):
+    """Where container `c` gets the endpoint secrets keys from: ("secret", name) / ("configmap",
+    name) / ("literal", variable), one entry per source."""
+    names = (SECRETS_KEY_ENV, SECRETS_OLD_KEYS_ENV)
+    sources = []
+    for ref in c.get("envFrom", []):
+        for kind, field, data in (("secret", "secretRef", secret_data),
+                                  ("configmap", "configMapRef", configmap_data)):
+            name = ref.get(field, {}).get("name")
+            if name and any(n in data.get(name, {}) for n in names):
+                sources.append((kind, name.rsplit("-", 1)[0]))
+    for e in c.get("env", []):
+        if e["name"] in names:
+            vf = e.get("valueFrom", {})
+            if "secretKeyRef" in vf:
+                sources.append(("secret", vf["secretKeyRef"]["name"].rsplit("-", 1)[0]))
+            elif "configMapKeyRef" in vf:
+                sources.append(("configmap", vf["configMapKeyRef"]["name"]))
+            else:
+                sources.append(("literal", e["name"]))
+    return sources
+
+
+def check_secrets_key(objects, by_kind):
+    """HOOKLINE_SECRETS_KEY on Kubernetes: from the Secret hookline-secrets-key in every process
+    that reads the endpoint registry, nowhere else, never a literal or a ConfigMap; the example's
+    value a placeholder that no process accepts and that no other file repeats."""
+    secret_data = {o["metadata"]["name"]: o.get("data", {}) for o in by_kind.get("Secret", [])}
+    configmaps = by_kind.get("ConfigMap", [])
+    for cm in configmaps:
+        data = cm.get("data", {})
+        check(f"ConfigMap {cm['metadata']['name']}: no endpoint secrets key in it",
+              not any(k in (SECRETS_KEY_ENV, SECRETS_OLD_KEYS_ENV) or SECRETS_KEY_ENV + "=" in v
+                      for k, v in data.items()))
+    configmap_data = {cm["metadata"]["name"]: cm.get("data", {}) for cm in configmaps}
+    for o, spec in pod_specs(objects):
+        for c in spec.get("initContainers", []) + spec["containers"]:
+            where = f"{o['metadata']['name']}/{c['name']}"
+            sources = key_sources(c, secret_data, configmap_data)
+            bad = [s for s in sources if s[0] != "secret"]
+            check(f"{where}: the endpoint secrets key is never a literal or from a ConfigMap", not bad, str(bad))
+            # `hookline run …` reads (and seeds) the endpoint registry; init containers and the
+            # topics Job (`config check`, `topics apply`) never do, so they do not get the key.
+            reads_registry = c in spec["containers"] and (c.get("args") or [None])[0] == "run"
+            if reads_registry:
+                # From that one Secret only: the same key in every process.
+                check(f"{where}: {SECRETS_KEY_ENV} from the Secret {SECRETS_KEY_SECRET} (only)",
+                      bool(sources) and all(s == ("secret", SECRETS_KEY_SECRET) for s in sources),
+                      str(sources))
+            else:
+                check(f"{where}: no endpoint secrets key (it does not read the endpoint registry)",
+                      not sources, str(sources))
+    example = read_env_file(K8S_KEY_FILE).get(SECRETS_KEY_ENV, "") if K8S_KEY_FILE.exists() else ""
+    rendered = [base64.b64decode(d[SECRETS_KEY_ENV]).decode() for name, d in secret_data.items()
+                if name.rsplit("-", 1)[0] == SECRETS_KEY_SECRET and SECRETS_KEY_ENV in d]
+    check(f"Secret {SECRETS_KEY_SECRET}: generated from {K8S_KEY_FILE.relative_to(ROOT)}",
+          bool(example) and rendered == [example], f"{len(rendered)} rendered")
+    check(f"{K8S_KEY_FILE.relative_to(ROOT)}: a placeholder the process refuses (not base64 of 32 "
+          "bytes), so a copied overlay never runs with a key everyone knows",
+          bool(example) and not usable_key(example))
+    reused = files_containing(example, K8S_KEY_FILE) if example else []
+    check("the example overlay's secrets key value appears in no other file", not reused, str(reused))
+
+
 def check_monitoring(args):
     rules = ROOT / "deploy/monitoring/alerts.yaml"
     code, out = run([args.promtool, "check", "rules", str(rules)])
@@ -333,7 +448,7 @@ def check_compose(args):
             continue
         ok, out = subcommand_ok(args.hookline, svc["command"])
         check(f"compose {name}: `hookline {' '.join(svc['command'])}` is a real subcommand", ok, out)
-        env = {k: str(v) for k, v in (svc.get("environment") or {}).items()}
+        env = service_env(svc)
         for v in svc.get("volumes", []):
             source, target = v.split(":")[:2]
             if source.endswith(".toml"):
@@ -353,9 +468,49 @@ def check_compose(args):
     for name in ("kafka", "hookline", "receiver", "admin"):
         check(f"compose {name}: health check", "healthcheck" in services.get(name, {}))
     check_compose_admin(services)
+    check_compose_secrets_key(services)
     kafka_volumes = services["kafka"].get("volumes", [])
     check("compose kafka: data on a named volume (the DLQ survives `down`)",
           any(v.split(":")[1] == services["kafka"]["environment"].get("KAFKA_LOG_DIRS") for v in kafka_volumes))
+
+
+def service_env(svc):
+    """A compose service's environment: its `env_file`s, then `environment` (which wins)."""
+    env = {}
+    files = svc.get("env_file", [])
+    for f in [files] if isinstance(files, str) else files:
+        env.update(read_env_file(ROOT / (f if isinstance(f, str) else f["path"])))
+    environment = svc.get("environment") or {}
+    if isinstance(environment, list):
+        environment = dict(e.split("=", 1) for e in environment)
+    env.update({k: str(v) for k, v in environment.items()})
+    return env
+
+
+def check_compose_secrets_key(services):
+    """Every compose service with a hookline config has the same usable endpoint secrets key,
+    from the local-stack-only env file, which no other file repeats; the receiver (someone
+    else's server) has none."""
+    keys = {}
+    for name, svc in services.items():
+        mounts_config = any(v.split(":")[0].endswith(".toml") for v in svc.get("volumes", []))
+        key = service_env(svc).get(SECRETS_KEY_ENV)
+        if mounts_config:
+            check(f"compose {name}: {SECRETS_KEY_ENV} is set", bool(key))
+            keys[name] = key
+        elif "build" in svc or str(svc.get("image", "")).startswith("hookline"):
+            check(f"compose {name}: no endpoint secrets key (no hookline config)", key is None)
+    values = set(keys.values())
+    check("compose: one endpoint secrets key for every hookline service", len(values) == 1, str(sorted(keys)))
+    key = next(iter(values), None) or ""
+    text = COMPOSE_KEY_FILE.read_text() if COMPOSE_KEY_FILE.exists() else ""
+    check(f"compose: the key comes from {COMPOSE_KEY_FILE.relative_to(ROOT)}, marked LOCAL STACK ONLY",
+          bool(key) and read_env_file(COMPOSE_KEY_FILE).get(SECRETS_KEY_ENV) == key and "LOCAL STACK ONLY" in text)
+    check("compose: the key is usable (base64 of 32 bytes)", usable_key(key))
+    reused = files_containing(key, COMPOSE_KEY_FILE) if key else []
+    check("compose: the local stack's key appears in no other file", not reused, str(reused))
+    example = read_env_file(K8S_KEY_FILE).get(SECRETS_KEY_ENV) if K8S_KEY_FILE.exists() else None
+    check("compose: the local stack's key is not the Kubernetes example's", key != example)
 
 
 def check_compose_admin(services):
@@ -367,7 +522,7 @@ def check_compose_admin(services):
           bool(svc) and svc.get("command") == ["run", "admin"], str(svc and svc.get("command")))
     if not svc:
         return
-    env = {k: str(v) for k, v in (svc.get("environment") or {}).items()}
+    env = service_env(svc)
     configs = [v.split(":")[0] for v in svc.get("volumes", []) if v.split(":")[0].endswith(".toml")]
     check("compose admin: mounts a config", len(configs) == 1, str(configs))
     if len(configs) != 1:

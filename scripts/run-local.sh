@@ -5,12 +5,32 @@
 # progress view, then a summary with commands to try. Ctrl-C stops hookline and the receiver
 # gracefully; the broker keeps running (`deploy/local/kafka stop` stops it).
 # HOOKLINE_DEMO=0: only the pipeline, in the foreground (no receiver, no demo events).
+# Endpoint secrets are sealed at rest on `webhooks.endpoints` with HOOKLINE_SECRETS_KEY: the demo's
+# key is made once into target/demo-secrets.key (mode 600) and every hookline process started here
+# gets it, so what one run sealed the next one opens (`cargo clean` loses it: README "Demo").
 set -euo pipefail
 cd "$(dirname "$0")/.."
 config=${HOOKLINE_CONFIG:-config/local.toml}
 demo=${HOOKLINE_DEMO:-1}
 # Not a configuration override: keep it away from hookline's `HOOKLINE_…` env parsing.
 unset HOOKLINE_DEMO
+
+# The local stack's endpoint secrets key: made once, then the same at every run (a key that changes
+# leaves endpoints added through the API unreadable, i.e. disabled). From the file only, never
+# from the caller's environment, so a stray HOOKLINE_SECRETS_KEY cannot change it.
+key_file=target/demo-secrets.key
+if [ ! -s "$key_file" ]; then
+    mkdir -p target
+    # base64 of 32 random bytes (`openssl rand -base64 32`; coreutils where openssl is missing).
+    (umask 077 && { openssl rand -base64 32 2>/dev/null || head -c 32 /dev/urandom | base64 -w0; } \
+        >"$key_file.tmp" && mv "$key_file.tmp" "$key_file")
+    echo "--- made the demo's endpoint secrets key: $key_file"
+fi
+chmod 600 "$key_file"
+HOOKLINE_SECRETS_KEY=$(cat "$key_file")
+export HOOKLINE_SECRETS_KEY
+# Decrypt-only keys are for a rotation in a real installation, not for the demo.
+unset HOOKLINE_SECRETS_OLD_KEYS
 
 deploy/local/kafka start
 cargo build --release --bin hookline
@@ -38,7 +58,8 @@ stop() {
 }
 trap stop INT TERM
 
-"$bin" receiver --listen 127.0.0.1:8080 --secret "$secret" --fail-every 5 >"$receiver_log" 2>&1 &
+# The receiver stands for someone else's server: it knows its endpoint secret, never our key.
+env -u HOOKLINE_SECRETS_KEY "$bin" receiver --listen 127.0.0.1:8080 --secret "$secret" --fail-every 5 >"$receiver_log" 2>&1 &
 receiver_pid=$!
 sleep 1
 if ! kill -0 "$receiver_pid" 2>/dev/null; then
@@ -78,6 +99,7 @@ cat <<EOF
   receiver log:     tail -f $receiver_log   (fresh deliveries, duplicates, 503s then retries)
   pipeline log:     tail -f $pipeline_log
   more events:      $bin --config $config demo produce --watch [--count 100 --rate 20]
+  endpoints:        HOOKLINE_SECRETS_KEY=\$(cat $key_file) $bin --config $config endpoints list
   Ctrl-C stops hookline and the receiver; the broker keeps running (deploy/local/kafka stop).
 EOF
 

@@ -1,8 +1,8 @@
 //! Deployment concerns proven against the real broker and the real binary: the HTTP client
 //! trusts a company CA given the way containers give one (`SSL_CERT_FILE`, or the image's system
 //! store), every metric the alert rules and the Grafana dashboard use is one the binary
-//! exports after traffic, and the Compose stack's admin service starts from its config, becomes
-//! ready and opens to the token the README gives for it.
+//! exports after traffic, and the Compose stack's admin service starts from its config and its
+//! endpoint secrets key, becomes ready and opens to the token the README gives for it.
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -617,6 +617,17 @@ fn readme_compose_token(root: &Path) -> String {
     token
 }
 
+/// The Compose stack's endpoint secrets key (`HOOKLINE_SECRETS_KEY` in the env file every hookline
+/// service of docker-compose.yml reads).
+fn compose_secrets_key(root: &Path) -> String {
+    let path = root.join("deploy/compose/secrets-key.env");
+    let text = std::fs::read_to_string(&path).expect("deploy/compose/secrets-key.env");
+    text.lines()
+        .find_map(|l| l.trim().strip_prefix("HOOKLINE_SECRETS_KEY="))
+        .map(str::to_string)
+        .expect("the compose env file sets HOOKLINE_SECRETS_KEY")
+}
+
 /// The `addr` of the first JSON log line whose message starts with `message`.
 fn logged_addr(log: &Path, message: &str) -> Option<String> {
     let text = std::fs::read_to_string(log).ok()?;
@@ -629,7 +640,8 @@ fn logged_addr(log: &Path, message: &str) -> Option<String> {
     })
 }
 
-/// The Compose `admin` service's process: `hookline run admin` with deploy/compose/hookline.toml,
+/// The Compose `admin` service's process: `hookline run admin` with deploy/compose/hookline.toml
+/// and the stack's endpoint secrets key (it seeds the config's endpoints, sealed with it),
 /// listening on all interfaces as the service does (`HOOKLINE_ADMIN__LISTEN`, here on a free
 /// port), with Kafka and the ops port pointed at the test's. It reports ready on `/readyz` (its
 /// `admin` probe) once its ingest has read the idempotency claims; the README's clear token opens
@@ -648,6 +660,7 @@ async fn compose_admin_service_gets_ready_and_the_readme_token_opens_it() {
     ))
     .await;
     let token = readme_compose_token(root);
+    let key = compose_secrets_key(root);
     let bootstrap = bootstrap();
     let log = dir.join("admin.log");
     let _admin = Hookline::start(
@@ -659,6 +672,7 @@ async fn compose_admin_service_gets_ready_and_the_readme_token_opens_it() {
             ("HOOKLINE_SERVER__LISTEN", "127.0.0.1:0"),
             ("HOOKLINE_ADMIN__LISTEN", "0.0.0.0:0"),
             ("HOOKLINE_LOG__FORMAT", "json"),
+            ("HOOKLINE_SECRETS_KEY", key.as_str()),
         ],
         &log,
     );
@@ -717,6 +731,27 @@ async fn compose_admin_service_gets_ready_and_the_readme_token_opens_it() {
     assert_eq!(listed.status(), reqwest::StatusCode::OK, "{}", log_text());
     let body: serde_json::Value = listed.json().await.expect("JSON");
     assert!(body["items"].is_array(), "{body}");
+
+    // The config's endpoints were seeded, sealed with the stack's key, and open with it.
+    let endpoints: serde_json::Value = http
+        .get(format!("http://{api}/v1/endpoints"))
+        .bearer_auth(&token)
+        .send()
+        .await
+        .expect("list endpoints")
+        .json()
+        .await
+        .expect("JSON");
+    let items = endpoints["items"].as_array().expect("items");
+    let demo = items
+        .iter()
+        .find(|e| e["id"] == "demo")
+        .unwrap_or_else(|| panic!("the compose config's `demo` endpoint: {endpoints}"));
+    assert!(
+        demo["problem"].is_null() && demo["enabled"] == true && demo["managed_by"] == "file",
+        "{demo}"
+    );
+    assert_eq!(demo["secrets"].as_array().map(Vec::len), Some(1), "{demo}");
 
     // The README's example publish: 202 and the event on `<p>.events`.
     let published = http
