@@ -47,6 +47,14 @@ pub struct ControlConfig {
     /// Retention of `<p>.operational` (operational events such as an auto-disable).
     #[serde(default = "default_operational_retention", with = "humantime_serde")]
     pub operational_retention: Duration,
+    /// Delivery metrics carry an `endpoint` label (the endpoint id) while a process has at most
+    /// this many endpoints; above it the label is `_all` (bounded series). 0: never per endpoint.
+    #[serde(default = "default_metrics_endpoint_limit")]
+    pub metrics_endpoint_limit: usize,
+}
+
+const fn default_metrics_endpoint_limit() -> usize {
+    100
 }
 
 const fn default_attempts_retention() -> Duration {
@@ -82,6 +90,7 @@ impl Default for ControlConfig {
             health_lookback: default_health_lookback(),
             auto_disable_after: None,
             operational_retention: default_operational_retention(),
+            metrics_endpoint_limit: default_metrics_endpoint_limit(),
         }
     }
 }

@@ -36,6 +36,7 @@ use crate::endpoints::LiveEndpoints;
 use crate::engine::Engine;
 use crate::hop::{self, Hop};
 use crate::metrics::AttemptMetrics;
+use crate::metrics::ALL_ENDPOINTS;
 use crate::observer::{AttemptEvent, AttemptObserver, NoObserver};
 use crate::outcome::{Admission, AttemptOutcome};
 use crate::write::{HopError, HopWriter, Written};
@@ -49,7 +50,12 @@ pub struct DeliveryPath {
     writer: HopWriter,
     schedule: Arc<[Duration]>,
     observer: Arc<dyn AttemptObserver>,
+    /// Per-endpoint metric series while the set has at most this many endpoints.
+    label_limit: usize,
 }
+
+/// [`DeliveryPath::with_endpoint_label_limit`]'s default (`control.metrics_endpoint_limit`).
+pub const DEFAULT_LABEL_LIMIT: usize = 100;
 
 /// One (event, endpoint) delivery about to be attempted.
 #[derive(Debug, Clone)]
@@ -135,6 +141,23 @@ impl DeliveryPath {
             writer,
             schedule: schedule.into(),
             observer: Arc::new(NoObserver),
+            label_limit: DEFAULT_LABEL_LIMIT,
+        }
+    }
+
+    /// Per-endpoint metric series only while the set has at most `limit` endpoints (see
+    /// [`crate::metrics`]).
+    pub fn with_endpoint_label_limit(mut self, limit: usize) -> Self {
+        self.label_limit = limit;
+        self
+    }
+
+    /// The `endpoint` label of an attempt to `id`.
+    fn label<'a>(&self, id: &'a str) -> &'a str {
+        if self.endpoints.current().len() <= self.label_limit {
+            id
+        } else {
+            ALL_ENDPOINTS
         }
     }
 
@@ -161,6 +184,27 @@ impl DeliveryPath {
     /// a fatal produce error, a write abandoned at shutdown, or the source partition revoked
     /// ([`HopError::Revoked`]: nothing written, the new owner handles the record).
     pub async fn attempt(
+        &self,
+        stage: &AttemptMetrics,
+        d: Delivery,
+        turn: Turn,
+        origin: Origin<'_>,
+    ) -> Result<Report, HopError> {
+        let report = self.attempt_and_hand(stage, d, turn, origin).await?;
+        let dead = match &report.next {
+            Next::Handed { hop, written, .. } => {
+                matches!(hop, Hop::Dead { .. }) || *written == Written::DeadTooLarge
+            }
+            Next::Delivered | Next::Skipped(_) => false,
+        };
+        if dead {
+            let reason = report.meta.dead_reason.map_or("unknown", |r| r.as_str());
+            stage.dead_lettered(reason, self.label(&report.meta.endpoint_id));
+        }
+        Ok(report)
+    }
+
+    async fn attempt_and_hand(
         &self,
         stage: &AttemptMetrics,
         mut d: Delivery,
@@ -209,7 +253,7 @@ impl DeliveryPath {
                     .await;
             }
         };
-        stage.observe(&outcome);
+        stage.observe(&outcome, self.label(&d.meta.endpoint_id));
         if fresh {
             d.meta.first_attempt_ms = outcome.started_at_ms;
         }

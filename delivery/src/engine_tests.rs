@@ -275,7 +275,7 @@ async fn loopback_is_blocked_without_the_allow_list_and_never_connected() {
         let outcome = engine
             .deliver(&endpoint(url.clone()), "evt", body("{}"), 1)
             .await;
-        metrics.observe(&outcome);
+        metrics.observe(&outcome, "ep");
         let (class, _, snippet) = failed(&outcome);
         assert_eq!(class, FailureClass::Blocked, "{url}: {snippet}");
         assert!(snippet.contains("blocked"), "{url}: {snippet}");
@@ -557,8 +557,8 @@ async fn metrics_count_attempts_by_result_and_class() {
         )
         .await;
     assert_eq!(failed(&bad).0, FailureClass::HttpStatus);
-    metrics.observe(&ok);
-    metrics.observe(&bad);
+    metrics.observe(&ok, "ep");
+    metrics.observe(&bad, "ep");
 
     assert_eq!(counter(&registry, "delivered", "ok"), 1.0);
     assert_eq!(counter(&registry, "failed", "http_status"), 1.0);

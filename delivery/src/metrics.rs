@@ -1,17 +1,22 @@
 //! Prometheus metrics of every delivery attempt, one family for the dispatcher, every tier and
 //! replay, told apart by the `stage` label (`dispatcher`, `retry.<tier>`, `replay`):
-//! - `hookline_delivery_attempts_total{stage, result="delivered|failed", class="ok|<failure class>"}`;
-//! - `hookline_delivery_attempt_duration_seconds{stage}`: connect, headers and the kept body;
+//! - `hookline_delivery_attempts_total{stage, result="delivered|failed", class="ok|<failure class>", endpoint}`;
+//! - `hookline_delivery_attempt_duration_seconds{stage, endpoint}`: connect, headers and the kept body;
+//! - `hookline_delivery_dead_letters_total{stage, reason, endpoint}`: deliveries written to `<p>.dlq`;
 //! - `hookline_delivery_inflight_requests{stage}`: requests on the wire, per engine (`dispatcher`,
 //!   `retry` — one engine for every tier of a process — or `replay`).
 //!
 //! `stage` is a constant label of each registration, so the dispatcher, the tiers and replay
 //! register the same family on one registry (`run all`). Label values are closed sets: stage
-//! names come from the code and `retry.schedule`, classes from [`FailureClass::ALL`].
+//! names come from the code and `retry.schedule`, classes from [`FailureClass::ALL`], reasons
+//! from `DeadReason`, and `endpoint` is the endpoint id only while the process has at most
+//! `control.metrics_endpoint_limit` endpoints (default 100) — above that every series says
+//! [`ALL_ENDPOINTS`], so a large installation cannot blow up the series count. Series appear
+//! with an endpoint's first attempt.
 
 use std::sync::Arc;
 
-use prometheus::{Histogram, HistogramOpts, IntCounterVec, IntGauge, Opts, Registry};
+use prometheus::{HistogramOpts, HistogramVec, IntCounterVec, IntGauge, Opts, Registry};
 
 use crate::outcome::{AttemptOutcome, AttemptResult, FailureClass};
 
@@ -19,6 +24,11 @@ use crate::outcome::{AttemptOutcome, AttemptResult, FailureClass};
 pub const ATTEMPTS_TOTAL: &str = "hookline_delivery_attempts_total";
 /// Name of the attempt duration histogram.
 pub const ATTEMPT_DURATION: &str = "hookline_delivery_attempt_duration_seconds";
+/// Name of the dead-letter counter.
+pub const DEAD_LETTERS_TOTAL: &str = "hookline_delivery_dead_letters_total";
+/// The `endpoint` label value when per-endpoint series are off (too many endpoints).
+pub const ALL_ENDPOINTS: &str = "_all";
+
 /// Name of the in-flight request gauge.
 pub const INFLIGHT_REQUESTS: &str = "hookline_delivery_inflight_requests";
 
@@ -27,7 +37,8 @@ pub const INFLIGHT_REQUESTS: &str = "hookline_delivery_inflight_requests";
 pub struct AttemptMetrics {
     stage: Arc<str>,
     attempts: IntCounterVec,
-    duration: Histogram,
+    duration: HistogramVec,
+    dead: IntCounterVec,
 }
 
 impl AttemptMetrics {
@@ -39,9 +50,9 @@ impl AttemptMetrics {
                 "Delivery attempts by stage, result and failure class",
             )
             .const_label("stage", stage),
-            &["result", "class"],
+            &["result", "class", "endpoint"],
         )?;
-        let duration = Histogram::with_opts(
+        let duration = HistogramVec::new(
             HistogramOpts::new(
                 ATTEMPT_DURATION,
                 "Duration of one delivery attempt (connect, headers, kept body)",
@@ -50,17 +61,24 @@ impl AttemptMetrics {
             .buckets(vec![
                 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
             ]),
+            &["endpoint"],
+        )?;
+        let dead = IntCounterVec::new(
+            Opts::new(
+                DEAD_LETTERS_TOTAL,
+                "Deliveries written to the dead-letter topic, by stage, reason and endpoint",
+            )
+            .const_label("stage", stage),
+            &["reason", "endpoint"],
         )?;
         registry.register(Box::new(attempts.clone()))?;
         registry.register(Box::new(duration.clone()))?;
-        attempts.with_label_values(&["delivered", "ok"]);
-        for class in FailureClass::ALL {
-            attempts.with_label_values(&["failed", class.as_str()]);
-        }
+        registry.register(Box::new(dead.clone()))?;
         Ok(AttemptMetrics {
             stage: stage.into(),
             attempts,
             duration,
+            dead,
         })
     }
 
@@ -69,13 +87,15 @@ impl AttemptMetrics {
         &self.stage
     }
 
-    /// Counts one finished attempt.
-    pub fn observe(&self, outcome: &AttemptOutcome) {
+    /// Counts one finished attempt to `endpoint` (an id, or [`ALL_ENDPOINTS`]).
+    pub fn observe(&self, outcome: &AttemptOutcome, endpoint: &str) {
         let (result, class) = match &outcome.result {
             AttemptResult::Delivered { .. } => ("delivered", "ok"),
             AttemptResult::Failed { class, .. } => ("failed", class.as_str()),
         };
-        self.attempts.with_label_values(&[result, class]).inc();
+        self.attempts
+            .with_label_values(&[result, class, endpoint])
+            .inc();
         // Attempts refused before reaching the endpoint would only drag the latency down.
         if !matches!(
             outcome.result,
@@ -84,8 +104,15 @@ impl AttemptMetrics {
                 ..
             }
         ) {
-            self.duration.observe(outcome.duration.as_secs_f64());
+            self.duration
+                .with_label_values(&[endpoint])
+                .observe(outcome.duration.as_secs_f64());
         }
+    }
+
+    /// Counts one delivery written to the dead-letter topic.
+    pub fn dead_lettered(&self, reason: &str, endpoint: &str) {
+        self.dead.with_label_values(&[reason, endpoint]).inc();
     }
 }
 

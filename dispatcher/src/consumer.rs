@@ -190,7 +190,8 @@ pub async fn run(
         writer,
         &config.retry.schedule,
     )
-    .with_observer(plane.observer());
+    .with_observer(plane.observer())
+    .with_endpoint_label_limit(config.control.metrics_endpoint_limit);
     let dispatcher = Arc::new(Dispatcher {
         consumer,
         producer,

@@ -128,7 +128,8 @@ pub async fn run_with(
             writer,
             &config.retry.schedule,
         )
-        .with_observer(plane.observer()),
+        .with_observer(plane.observer())
+        .with_endpoint_label_limit(config.control.metrics_endpoint_limit),
         config: config.clone(),
         topics,
         producer,

@@ -255,7 +255,8 @@ async fn run_with(
             writer,
             &config.retry.schedule,
         )
-        .with_observer(replays.plane.observer());
+        .with_observer(replays.plane.observer())
+        .with_endpoint_label_limit(config.control.metrics_endpoint_limit);
         Some(Arc::new(Replayer {
             topics: topics.clone(),
             path,

@@ -201,6 +201,19 @@ async fn endpoints_made_through_the_api_are_live_on_every_process_and_traced() {
         .iter()
         .all(|r| verifies(r, &secret) && signatures(r) == 1));
     let first_batch = got.len();
+    // Which endpoint: the attempt metrics carry it (few endpoints: per-endpoint series).
+    let to_crm = |reg: &prometheus::Registry| {
+        counter(
+            reg,
+            "hookline_delivery_attempts_total",
+            Some(("endpoint", "crm")),
+        )
+    };
+    assert_eq!(
+        to_crm(&pod_a.registry) + to_crm(&pod_b.registry),
+        first_batch as f64,
+        "endpoint=\"crm\" counts every attempt to it"
+    );
 
     // Update: the URL moves; the next events go to the new one.
     api(
