@@ -3,12 +3,15 @@
 //! - [`config`]: the TOML + env configuration, validated once at startup.
 //! - [`envelope`]: the input event contract, validation, dedupe keys.
 //! - [`topics`]: topic names and the topic plan; [`kafka`]: client builders and `topics apply`.
-//! - [`headers`]: Kafka header names of the record contracts.
+//! - [`headers`]: Kafka header names of the record contracts; [`event_headers`]: the envelope
+//!   facts stage A writes on every forwarded record.
 //! - [`secret`]: Standard Webhooks `whsec_` secrets.
 //! - [`glob`]: event-type globs.
 //! - [`progress`]: out-of-order completion, contiguous offsets to store.
 //! - [`ownership`]: per-partition assignment generations and the gate every hand-off or dead
 //!   letter passes, so work of a revoked partition never writes.
+//! - [`rebalance`]: the one way consumer stages handle rebalances (bounded revoke protocol,
+//!   changes posted to the loop).
 //! - [`ops`]: `/metrics`, `/healthz`, `/readyz`; [`telemetry`]: logging; [`shutdown`]: SIGTERM.
 //! - [`clock`]: the wall clock in unix ms / s (one helper for every stage).
 //! - [`keyhash`]: the stable 128-bit hash of dedupe keys and the partition it picks.
@@ -22,6 +25,7 @@ pub mod closing;
 pub mod config;
 pub mod delivery;
 pub mod envelope;
+pub mod event_headers;
 pub mod glob;
 pub mod headers;
 pub mod kafka;
@@ -31,6 +35,7 @@ pub mod ownership;
 pub mod produce;
 pub mod progress;
 pub mod quarantine;
+pub mod rebalance;
 pub mod recordsize;
 pub mod secret;
 pub mod shutdown;

@@ -6,6 +6,7 @@
 //!   per tier; waits for each record's due time without sleeping in the poll loop, attempts due
 //!   records concurrently through the shared delivery path (`hookline-delivery`), which hands
 //!   failures to the next tier or `<p>.dlq`.
+//! - `rebalance`: a tier consumer's rebalance callbacks (`hookline_common::rebalance`).
 //! - `waiting`: per-partition bookkeeping of a tier worker (held records, head barrier, pause
 //!   decisions, contiguous completed offsets), pure logic.
 //! - `attempt`: one due record — decoded and given to the delivery path, or parked on
@@ -27,6 +28,7 @@ mod due;
 mod metrics;
 mod orphans;
 mod read;
+mod rebalance;
 pub mod replay;
 mod tier;
 mod waiting;
