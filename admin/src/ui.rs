@@ -5,10 +5,10 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use axum::http::StatusCode;
-use serde_json::Value;
 
 use hookline_common::admin_config::TokenScope;
 use hookline_common::config::{Config, EndpointConfig};
+use hookline_common::replays::ReplayRecord;
 use hookline_dashboard::{
     AttemptRow, Backend, Counters, DeadDetail, DeadFilter, DeadPage, DeadRow, EndpointRow, Problem,
     ReplayOutcome, Scope,
@@ -68,16 +68,17 @@ fn endpoint_row(e: &EndpointConfig, dead: u64) -> EndpointRow {
     }
 }
 
-fn replayed(v: Option<&Value>) -> Option<String> {
-    v.map(|v| {
-        v.get("result")
-            .and_then(Value::as_str)
-            .unwrap_or("replayed")
-            .to_string()
+fn replayed(r: Option<&ReplayRecord>) -> Option<String> {
+    r.map(|r| {
+        if r.result.is_empty() {
+            "replayed".to_string()
+        } else {
+            r.result.clone()
+        }
     })
 }
 
-fn dead_row(r: &DeadRecord, replays: &HashMap<String, Value>) -> DeadRow {
+fn dead_row(r: &DeadRecord, replays: &HashMap<String, ReplayRecord>) -> DeadRow {
     let replayed = replayed(replays.get(&r.replay_key()));
     match &r.meta {
         Ok(m) => DeadRow {

@@ -17,7 +17,7 @@
 //! - [`keyhash`]: the stable 128-bit hash of dedupe keys and the partition it picks.
 //! - [`produce`]: produce errors classified (permanent / transient / fatal) and acknowledged
 //!   sends; [`recordsize`]: record sizes and topic size limits; [`quarantine`]: the
-//!   `record_too_large` quarantine record.
+//!   quarantine contract; [`replays`]: the replay record on `<p>.replays`.
 
 pub mod admin_config;
 pub mod clock;
@@ -37,6 +37,7 @@ pub mod progress;
 pub mod quarantine;
 pub mod rebalance;
 pub mod recordsize;
+pub mod replays;
 pub mod secret;
 pub mod shutdown;
 pub mod telemetry;

@@ -17,7 +17,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use hookline_common::clock::{now_ms as unix_ms_now, now_secs as unix_secs_now};
+use hookline_common::clock::{now_ms, now_secs};
 use hookline_common::config::{EndpointConfig, HttpConfig};
 use hookline_common::secret::decode_secret;
 use prometheus::{IntGauge, Registry};
@@ -128,7 +128,7 @@ impl Engine {
         attempt: u32,
         mut cutoff: watch::Receiver<bool>,
     ) -> Admission {
-        let started_at_ms = unix_ms_now();
+        let started_at_ms = now_ms();
         let start = Instant::now();
         let cut = async move {
             if cutoff.wait_for(|cut| *cut).await.is_err() {
@@ -191,7 +191,7 @@ impl Engine {
             Err(result) => {
                 let outcome = AttemptOutcome {
                     attempt,
-                    started_at_ms: unix_ms_now(),
+                    started_at_ms: now_ms(),
                     duration: Duration::ZERO,
                     result,
                 };
@@ -203,7 +203,7 @@ impl Engine {
         let Some(_permit) = limit.acquire(&endpoint.id, wait).await else {
             return Admission::Saturated { busy: limit.max };
         };
-        let started_at_ms = unix_ms_now();
+        let started_at_ms = now_ms();
         let start = Instant::now();
         let _inflight = InflightGuard::enter(&self.inner.inflight);
         let timeout = endpoint.timeout.unwrap_or(self.inner.timeout);
@@ -260,8 +260,7 @@ impl Engine {
     ) -> AttemptResult {
         let deadline = tokio::time::Instant::now() + timeout;
         let keys = self.keys(endpoint);
-        let Some(headers) = webhook_headers(event_id, unix_secs_now(), attempt, &keys, &body)
-        else {
+        let Some(headers) = webhook_headers(event_id, now_secs(), attempt, &keys, &body) else {
             // The deduper rejects such ids; reaching here is a bug upstream, not the endpoint's.
             return AttemptResult::Failed {
                 class: FailureClass::Io,

@@ -44,11 +44,12 @@ use hookline_common::ops::StageProbe;
 use hookline_common::shutdown::Shutdown;
 use hookline_delivery::HopError;
 
-use crate::attempt::{self, Finished, Gate, Pending, Source, Stage};
+use crate::attempt::{self, Finished, Gate, Pending, Stage};
 use crate::due::DueBound;
 use crate::metrics::TierMetrics;
 use crate::rebalance::{TierContext, REVOKE_WAIT_CAP};
 use crate::waiting::{PartitionWaiting, LOOKAHEAD_MS};
+use hookline_common::quarantine::Source;
 
 /// Longest the loop goes without polling the consumer (rebalance callbacks, liveness).
 pub(crate) const TICK: Duration = Duration::from_millis(500);
