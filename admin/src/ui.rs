@@ -59,7 +59,7 @@ fn unavailable(e: anyhow::Error) -> Problem {
 fn endpoint_row(e: &EndpointConfig, dead: u64) -> EndpointRow {
     EndpointRow {
         id: e.id.clone(),
-        url: e.url.clone(),
+        url: e.url.to_string(),
         tenant: e.tenant.clone(),
         event_types: e.event_types.clone(),
         enabled: e.enabled,

@@ -60,7 +60,7 @@ use crate::tier::Tier;
 /// Runs the worker of every tier of `retry.schedule` and of every orphan tier (a
 /// `<p>.retry.<tier>` topic the schedule no longer has, found at start and every minute), or only
 /// the tiers named in `tiers` (e.g. `["5m"]`, an orphan's name included), until shutdown: stop
-/// fetching, let in-flight attempts finish and hand off within `dispatcher.shutdown_grace`,
+/// fetching, let in-flight attempts finish and hand off within `tiers.shutdown_grace`,
 /// commit, return. The first tier to fail stops the others and its error is returned.
 pub async fn run(
     config: Arc<Config>,
@@ -95,7 +95,7 @@ pub async fn run(
     // tier counts its attempts as `stage="retry.<tier>"`.
     let engine = Engine::new(
         &config.http,
-        config.dispatcher.endpoint_concurrency,
+        config.tiers.endpoint_concurrency,
         &registry,
         "retry",
     )

@@ -27,7 +27,7 @@ use hookline_common::rebalance::{self, Inbox, Rebalanced, Waits};
 use crate::tier::Completion;
 
 /// Longest a revoke waits for the revoked partitions' in-flight records (also bounded by
-/// `dispatcher.shutdown_grace`), and then again for the ones cut short to hand off. The group's
+/// `tiers.shutdown_grace`), and then again for the ones cut short to hand off. The group's
 /// other members wait for this member meanwhile; well below the session timeout.
 pub(crate) const REVOKE_WAIT_CAP: Duration = Duration::from_secs(10);
 

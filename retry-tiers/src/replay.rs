@@ -193,7 +193,7 @@ impl Replays {
     pub fn new(config: Arc<Config>, registry: &Registry) -> anyhow::Result<Replays> {
         let engine = Engine::new(
             &config.http,
-            config.dispatcher.endpoint_concurrency,
+            config.tiers.endpoint_concurrency,
             registry,
             "replay",
         )

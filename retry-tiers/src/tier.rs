@@ -5,11 +5,11 @@
 //! is, by a timer in this loop. The loop never sleeps and never stops polling the consumer (a
 //! tick at most [`TICK`] apart keeps it polling while every partition is paused), so the consumer
 //! is never evicted for exceeding `max.poll.interval.ms`. Due records are attempted concurrently
-//! (up to `dispatcher.max_in_flight_per_partition` per partition) as tasks; the offset stored is
+//! (up to `tiers.max_in_flight_per_partition` per partition) as tasks; the offset stored is
 //! the contiguous completed prefix, committed in the background.
 //!
 //! Stopping: fetching stops, records not started are forgotten (never stored, so re-read), the
-//! in-flight ones finish within `dispatcher.shutdown_grace`; attempts still running then are cut
+//! in-flight ones finish within `tiers.shutdown_grace`; attempts still running then are cut
 //! short, recorded as a `timeout` and handed off; then offsets are committed.
 //!
 //! Rebalances (`crate::rebalance`, the one way every consumer stage handles them): the callbacks
@@ -139,7 +139,7 @@ pub(crate) async fn run(
         inbox: Inbox::default(),
         probe: ready.clone(),
         ownership: ownership.clone(),
-        revoke_wait: config.dispatcher.shutdown_grace.min(REVOKE_WAIT_CAP),
+        revoke_wait: config.tiers.shutdown_grace.min(REVOKE_WAIT_CAP),
         closing: AtomicBool::new(false),
     };
     let consumer: StreamConsumer<TierContext> =
@@ -156,14 +156,14 @@ pub(crate) async fn run(
         tier: Arc::new(tier),
         metrics,
         consumer,
-        cap: config.dispatcher.max_in_flight_per_partition.max(1),
+        cap: config.tiers.max_in_flight_per_partition.max(1),
         parts: HashMap::new(),
         ownership,
         tasks: JoinSet::new(),
         cut: false,
         ready,
     };
-    let result = worker.run(shutdown, config.dispatcher.shutdown_grace).await;
+    let result = worker.run(shutdown, config.tiers.shutdown_grace).await;
     worker.tasks.shutdown().await;
     worker
         .consumer
