@@ -13,7 +13,7 @@ use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 use axum::body::Body;
@@ -27,6 +27,7 @@ use rand::Rng as _;
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use serde_json::json;
 
+use hookline_common::clock::now_secs;
 use hookline_common::config::{Config, LogConfig, LogFormat};
 use hookline_common::secret::decode_secret;
 use hookline_common::{kafka, shutdown, telemetry, topics};
@@ -245,13 +246,6 @@ fn header<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
     headers.get(name).and_then(|v| v.to_str().ok())
 }
 
-fn unix_now() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX))
-        .unwrap_or(0)
-}
-
 async fn handle(
     State(state): State<Arc<ReceiverState>>,
     headers: HeaderMap,
@@ -282,7 +276,7 @@ async fn handle(
         return reject(&state, StatusCode::UNAUTHORIZED, "bad_signature");
     }
     // Checked after the signature, so the timestamp is the sender's and not a forger's.
-    if unix_now().abs_diff(timestamp) > TIMESTAMP_TOLERANCE_SECS.unsigned_abs() {
+    if now_secs().abs_diff(timestamp) > TIMESTAMP_TOLERANCE_SECS.unsigned_abs() {
         return reject(&state, StatusCode::UNAUTHORIZED, "stale_timestamp");
     }
     let attempt = header(&headers, "webhook-attempt").and_then(|a| a.parse::<u32>().ok());
@@ -403,7 +397,7 @@ async fn produce_with(
     let producer: FutureProducer = kafka::producer_config(config)
         .create()
         .context("creating the Kafka producer")?;
-    let run = format!("{:x}", unix_now());
+    let run = format!("{:x}", now_secs());
     let mut tick = tokio::time::interval(Duration::from_secs_f64(1.0 / args.rate));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     // With a live view, it reports instead of these lines.

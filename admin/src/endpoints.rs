@@ -18,7 +18,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use utoipa::{IntoParams, ToSchema};
 
-use hookline_common::config::EndpointConfig;
+use hookline_common::config::{EndpointConfig, EndpointUrl, Secret};
 use hookline_common::delivery::now_ms;
 use hookline_control::endpoint::generate_secret;
 use hookline_control::health::HealthReport;
@@ -184,10 +184,16 @@ pub async fn create(
         .transpose()?;
     let generated = req.secret.is_none().then(generate_secret);
     let secret = req.secret.or_else(|| generated.clone());
+    let url = EndpointUrl::parse(&req.url).map_err(|e| ApiError::field("url", e))?;
+    let secrets = secret
+        .iter()
+        .map(|s| Secret::parse(s))
+        .collect::<Result<Vec<_>, String>>()
+        .map_err(|e| ApiError::field("secret", e))?;
     let def = EndpointConfig {
         id: req.id,
-        url: req.url,
-        secrets: secret.into_iter().collect(),
+        url,
+        secrets,
         tenant,
         event_types: req.event_types,
         enabled: req.enabled,

@@ -5,10 +5,10 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use axum::http::StatusCode;
-use serde_json::Value;
 
 use hookline_common::admin_config::TokenScope;
 use hookline_common::config::Config;
+use hookline_common::replays::ReplayRecord;
 use hookline_control::attempts::{Attempt, Outcome};
 use hookline_control::health::{HealthReport, Seen};
 use hookline_control::Endpoint;
@@ -90,7 +90,7 @@ fn health(h: &HealthReport) -> Health {
 fn endpoint_row(e: &Endpoint, h: &HealthReport, dead: u64) -> EndpointRow {
     EndpointRow {
         id: e.id.clone(),
-        url: e.url.clone(),
+        url: e.url.to_string(),
         tenant: e.tenant.clone(),
         event_types: e.event_types.clone(),
         enabled: e.enabled,
@@ -121,16 +121,17 @@ fn attempt_row(a: &Attempt) -> AttemptRow {
     }
 }
 
-fn replayed(v: Option<&Value>) -> Option<String> {
-    v.map(|v| {
-        v.get("result")
-            .and_then(Value::as_str)
-            .unwrap_or("replayed")
-            .to_string()
+fn replayed(r: Option<&ReplayRecord>) -> Option<String> {
+    r.map(|r| {
+        if r.result.is_empty() {
+            "replayed".to_string()
+        } else {
+            r.result.clone()
+        }
     })
 }
 
-fn dead_row(r: &DeadRecord, replays: &HashMap<String, Value>) -> DeadRow {
+fn dead_row(r: &DeadRecord, replays: &HashMap<String, ReplayRecord>) -> DeadRow {
     let replayed = replayed(replays.get(&r.replay_key()));
     match &r.meta {
         Ok(m) => DeadRow {

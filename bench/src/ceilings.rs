@@ -81,7 +81,7 @@ pub async fn http(
                 }
                 let id = format!("c-{i}");
                 let body = load::event_body(&id, load::OK_TYPE, "main", 0, 0, payload_bytes);
-                let ts = unix_secs();
+                let ts = hookline_common::clock::now_secs();
                 let sig = signing::sign(&keys, &id, ts, &body);
                 let sent = client
                     .post(&url)
@@ -210,11 +210,4 @@ fn wait_for_topic(consumer: &BaseConsumer, topic: &str, partitions: i32) -> anyh
         );
         std::thread::sleep(Duration::from_millis(100));
     }
-}
-
-fn unix_secs() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs() as i64)
-        .unwrap_or(0)
 }

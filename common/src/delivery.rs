@@ -16,6 +16,7 @@
 //! | `hookline-dead-at-ms` | on `<p>.dlq`: when it was declared dead |
 //! | `hookline-replay-key` | on a replayed delivery: `dlq:<partition>:<offset>` |
 
+use rdkafka::message::{Header, Message, OwnedHeaders};
 use serde::{Deserialize, Serialize};
 
 use crate::headers as h;
@@ -226,6 +227,35 @@ impl DeliveryMeta {
             out.push((REPLAY_KEY, k.clone()));
         }
         out
+    }
+
+    /// The Kafka headers of a delivery record: the metadata plus the event's dedupe key when
+    /// known.
+    pub fn kafka_headers(&self, dedupe_key: Option<&str>) -> OwnedHeaders {
+        let mut out = OwnedHeaders::new_with_capacity(12);
+        for (k, v) in self.to_headers() {
+            out = out.insert(Header {
+                key: k,
+                value: Some(v.as_bytes()),
+            });
+        }
+        if let Some(key) = dedupe_key {
+            out = out.insert(Header {
+                key: h::DEDUPE_KEY,
+                value: Some(key.as_bytes()),
+            });
+        }
+        out
+    }
+
+    /// Decodes a delivery record's headers.
+    pub fn from_message<M: Message>(m: &M) -> Result<Self, MetaError> {
+        DeliveryMeta::from_headers(|name| h::get(m, name))
+    }
+
+    /// The event's dedupe key carried on a delivery record.
+    pub fn dedupe_key_of<M: Message>(m: &M) -> Option<String> {
+        h::get(m, h::DEDUPE_KEY).map(str::to_string)
     }
 
     /// Decodes from headers given as a lookup function (`name -> value`).

@@ -1,4 +1,17 @@
-//! Kafka header names written and read by hookline. Part of the record contracts (README).
+//! Kafka header names written and read by hookline. Part of the record contracts (README); each
+//! contract is written and read through one type: [`crate::event_headers::EventHeaders`],
+//! [`crate::delivery::DeliveryMeta`], [`crate::quarantine::Quarantine`].
+
+use rdkafka::message::{Headers, Message};
+
+/// The UTF-8 value of the first header named `name`.
+pub fn get<'a, M: Message>(msg: &'a M, name: &str) -> Option<&'a str> {
+    msg.headers()?
+        .iter()
+        .find(|hd| hd.key == name)
+        .and_then(|hd| hd.value)
+        .and_then(|v| std::str::from_utf8(v).ok())
+}
 
 /// On `<p>.invalid`: the closed reason (`not_json`, `missing_id`, …).
 pub const INVALID_REASON: &str = "hookline-invalid-reason";

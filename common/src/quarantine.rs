@@ -1,16 +1,22 @@
-//! The `record_too_large` quarantine record: what goes to `<p>.invalid` in place of a record
-//! that can never be written whole (an input on `<p>.events`, a `<p>.dedupe` record, a delivery
-//! record that no longer fits its tier or the DLQ).
+//! The quarantine contract: what goes to `<p>.invalid`, written through one type,
+//! [`Quarantine`] (reason, detail, source position), whoever parks the record (stage A, stage B,
+//! a tier, the hop writer).
 //!
-//! Judgement call: the quarantine keeps bounded *prefixes*, not nothing. The start of a JSON
+//! A record is parked *whole* ([`Quarantine::whole`]: its key, value and headers plus
+//! `hookline-invalid-reason`, `hookline-invalid-detail` and the source position) or, when it can
+//! never be written whole (an input on `<p>.events`, a `<p>.dedupe` record, a delivery record
+//! that no longer fits its tier or the DLQ), as the bounded `record_too_large` record
+//! ([`too_large`]).
+//!
+//! Judgement call: the bounded record keeps bounded *prefixes*, not nothing. The start of a JSON
 //! event usually names it (`id`, `type`), which is what an operator needs to find the producer;
 //! the original sizes tell how much was cut.
 //! - key: at most [`KEY_PREFIX_BYTES`] (1 KiB);
 //! - value: at most [`VALUE_PREFIX_BYTES`] (64 KiB), less if the invalid topic's limit requires;
 //! - the record's own headers: kept if together at most [`KEPT_HEADERS_BYTES`] (16 KiB), else
 //!   dropped;
-//! - plus `hookline-invalid-reason: record_too_large`, `hookline-invalid-detail`, the source
-//!   position, and `hookline-original-key-bytes` / `-value-bytes` / `-headers-bytes`.
+//! - plus the quarantine headers and `hookline-original-key-bytes` / `-value-bytes` /
+//!   `-headers-bytes`.
 
 use crate::envelope::InvalidReason;
 use crate::headers as h;
@@ -26,12 +32,89 @@ pub const KEPT_HEADERS_BYTES: usize = 16 * 1024;
 /// Longest detail sentence kept.
 const MAX_DETAIL_BYTES: usize = 1024;
 
+/// Every header of the contract: a parked record's own copies of them are replaced, not repeated.
+pub const HEADERS: [&str; 8] = [
+    h::INVALID_REASON,
+    h::INVALID_DETAIL,
+    h::SOURCE_TOPIC,
+    h::SOURCE_PARTITION,
+    h::SOURCE_OFFSET,
+    h::ORIGINAL_KEY_BYTES,
+    h::ORIGINAL_VALUE_BYTES,
+    h::ORIGINAL_HEADERS_BYTES,
+];
+
 /// Where the record was read.
 #[derive(Debug, Clone, Copy)]
 pub struct Source<'a> {
     pub topic: &'a str,
     pub partition: i32,
     pub offset: i64,
+}
+
+/// Why and from where a record is parked on `<p>.invalid`.
+#[derive(Debug, Clone, Copy)]
+pub struct Quarantine<'a> {
+    /// The closed reason (`not_json`, `bad_delivery_record`, `record_too_large`, …).
+    pub reason: &'a str,
+    /// A human explanation naming the field.
+    pub detail: &'a str,
+    pub source: Source<'a>,
+}
+
+impl Quarantine<'_> {
+    /// The record whole on `invalid_topic`: its key, value and `carried` headers (any earlier
+    /// quarantine headers among them replaced) plus the quarantine headers.
+    pub fn whole(
+        &self,
+        invalid_topic: &str,
+        key: Option<&[u8]>,
+        value: Option<&[u8]>,
+        carried: &[(String, Option<Vec<u8>>)],
+    ) -> OwnedRecord {
+        let (partition, offset) = self.position();
+        let mut pairs = not_ours(carried);
+        pairs.extend(self.pairs(self.detail, &partition, &offset));
+        OwnedRecord {
+            topic: invalid_topic.to_string(),
+            partition: None,
+            key: key.map(<[u8]>::to_vec),
+            value: value.map(<[u8]>::to_vec),
+            headers: owned_headers(pairs),
+        }
+    }
+
+    fn position(&self) -> (String, String) {
+        (
+            self.source.partition.to_string(),
+            self.source.offset.to_string(),
+        )
+    }
+
+    /// Reason, detail and source position.
+    fn pairs<'b>(
+        &'b self,
+        detail: &'b str,
+        partition: &'b str,
+        offset: &'b str,
+    ) -> [(&'b str, Option<&'b [u8]>); 5] {
+        [
+            (h::INVALID_REASON, Some(self.reason.as_bytes())),
+            (h::INVALID_DETAIL, Some(detail.as_bytes())),
+            (h::SOURCE_TOPIC, Some(self.source.topic.as_bytes())),
+            (h::SOURCE_PARTITION, Some(partition.as_bytes())),
+            (h::SOURCE_OFFSET, Some(offset.as_bytes())),
+        ]
+    }
+}
+
+/// `headers` without the quarantine contract's own.
+fn not_ours(headers: &[(String, Option<Vec<u8>>)]) -> Vec<(&str, Option<&[u8]>)> {
+    headers
+        .iter()
+        .filter(|(k, _)| !HEADERS.contains(&k.as_str()))
+        .map(|(k, v)| (k.as_str(), v.as_deref()))
+        .collect()
 }
 
 /// The quarantine record of a record that cannot be written whole, sized to fit `limit` (the
@@ -46,44 +129,28 @@ pub fn too_large(
     source: Source<'_>,
     limit: usize,
 ) -> OwnedRecord {
-    let ours = [
-        h::INVALID_REASON,
-        h::INVALID_DETAIL,
-        h::SOURCE_TOPIC,
-        h::SOURCE_PARTITION,
-        h::SOURCE_OFFSET,
-        h::ORIGINAL_KEY_BYTES,
-        h::ORIGINAL_VALUE_BYTES,
-        h::ORIGINAL_HEADERS_BYTES,
-    ];
-    let carried: Vec<(&str, Option<&[u8]>)> = headers
-        .iter()
-        .filter(|(k, _)| !ours.contains(&k.as_str()))
-        .map(|(k, v)| (k.as_str(), v.as_deref()))
-        .collect();
+    let carried = not_ours(headers);
     let carried_bytes = headers_bytes(carried.iter().map(|(k, v)| (*k, v.map_or(0, <[u8]>::len))));
     let keep_headers = carried_bytes <= KEPT_HEADERS_BYTES;
 
     let key_len = key.map_or(0, <[u8]>::len);
     let value_len = value.map_or(0, <[u8]>::len);
     let key_prefix = key.map(|k| &k[..k.len().min(KEY_PREFIX_BYTES)]);
+    let quarantine = Quarantine {
+        reason: InvalidReason::RecordTooLarge.as_str(),
+        detail,
+        source,
+    };
     let detail = crate::delivery::truncate(detail, MAX_DETAIL_BYTES);
-    let (partition, offset) = (source.partition.to_string(), source.offset.to_string());
+    let (partition, offset) = quarantine.position();
     let (key_s, value_s, headers_s) = (
         key_len.to_string(),
         value_len.to_string(),
         carried_bytes.to_string(),
     );
     let mut pairs: Vec<(&str, Option<&[u8]>)> = if keep_headers { carried } else { Vec::new() };
+    pairs.extend(quarantine.pairs(&detail, &partition, &offset));
     pairs.extend([
-        (
-            h::INVALID_REASON,
-            Some(InvalidReason::RecordTooLarge.as_str().as_bytes()),
-        ),
-        (h::INVALID_DETAIL, Some(detail.as_bytes())),
-        (h::SOURCE_TOPIC, Some(source.topic.as_bytes())),
-        (h::SOURCE_PARTITION, Some(partition.as_bytes())),
-        (h::SOURCE_OFFSET, Some(offset.as_bytes())),
         (h::ORIGINAL_KEY_BYTES, Some(key_s.as_bytes())),
         (h::ORIGINAL_VALUE_BYTES, Some(value_s.as_bytes())),
     ]);
@@ -183,6 +250,33 @@ mod tests {
         assert!(r.value.as_ref().is_some_and(|v| !v.is_empty()));
         assert!(get(&r, "x-big").is_none());
         assert_eq!(get(&r, h::ORIGINAL_HEADERS_BYTES).as_deref(), Some("50015"));
+        let reasons = r
+            .headers
+            .iter()
+            .filter(|h| h.key == h::INVALID_REASON)
+            .count();
+        assert_eq!(reasons, 1);
+    }
+
+    #[test]
+    fn a_whole_record_keeps_its_own_headers_and_replaces_quarantine_ones() {
+        let carried = vec![
+            ("x-trace".to_string(), Some(b"t1".to_vec())),
+            (h::INVALID_REASON.to_string(), Some(b"not_json".to_vec())),
+        ];
+        let q = Quarantine {
+            reason: "bad_delivery_record",
+            detail: "header `hookline-attempt`: missing",
+            source: SRC,
+        };
+        let r = q.whole("p.invalid", Some(b"k"), Some(b"{}"), &carried);
+        assert_eq!(r.value.as_deref(), Some(&b"{}"[..]));
+        assert_eq!(get(&r, "x-trace").as_deref(), Some("t1"));
+        assert_eq!(
+            get(&r, h::INVALID_REASON).as_deref(),
+            Some("bad_delivery_record")
+        );
+        assert_eq!(get(&r, h::SOURCE_PARTITION).as_deref(), Some("2"));
         let reasons = r
             .headers
             .iter()

@@ -228,11 +228,18 @@ pub async fn run(
             } else {
                 a.secrets.clone()
             };
+            let url = hookline_common::config::EndpointUrl::parse(&a.url)
+                .map_err(|e| anyhow::anyhow!("--url: {e}"))?;
+            let parsed = secrets
+                .iter()
+                .map(|s| hookline_common::config::Secret::parse(s))
+                .collect::<Result<Vec<_>, String>>()
+                .map_err(|e| anyhow::anyhow!("--secret: {e}"))?;
             let e = registry
                 .create(EndpointConfig {
                     id: a.id.clone(),
-                    url: a.url.clone(),
-                    secrets: secrets.clone(),
+                    url,
+                    secrets: parsed,
                     tenant: a.tenant.clone(),
                     event_types: a.event_types.clone(),
                     enabled: !a.disabled,

@@ -121,7 +121,12 @@ impl Keyring {
     ) -> Keyring {
         self.file = endpoints
             .iter()
-            .map(|e| (e.id.clone(), e.secrets.clone()))
+            .map(|e| {
+                (
+                    e.id.clone(),
+                    e.secrets.iter().map(|s| s.to_text()).collect(),
+                )
+            })
             .collect();
         self
     }

@@ -10,7 +10,7 @@ use base64::Engine as _;
 use rand::RngCore as _;
 use serde_json::{json, Value};
 
-use hookline_common::config::{Config, ConfigError, EndpointConfig};
+use hookline_common::config::{Config, ConfigError, EndpointConfig, EndpointUrl, Secret};
 
 use crate::crypto::{CryptoError, Keyring};
 use crate::record::{EndpointRecord, ManagedBy, SealedSecret, SCHEMA};
@@ -162,30 +162,35 @@ impl Endpoint {
     }
 
     /// The endpoint as the delivery engine and the fan-out take it, for a request at `t_ms`:
-    /// the secrets signing then; disabled while it has a problem.
-    pub fn config_at(&self, t_ms: i64) -> EndpointConfig {
-        EndpointConfig {
+    /// the secrets signing then; disabled while it has a problem. `None` for a URL that does not
+    /// parse (every write validates it, so only a record written by hand).
+    pub fn config_at(&self, t_ms: i64) -> Option<EndpointConfig> {
+        Some(EndpointConfig {
             id: self.id.clone(),
-            url: self.url.clone(),
+            url: EndpointUrl::parse(&self.url).ok()?,
             secrets: self
                 .signing_secrets_at(t_ms)
                 .into_iter()
-                .map(str::to_string)
+                .filter_map(|s| Secret::parse(s).ok())
                 .collect(),
             tenant: self.tenant.clone(),
             event_types: self.event_types.clone(),
             enabled: self.enabled && self.problem.is_none(),
             timeout: self.timeout,
             max_concurrency: self.max_concurrency,
-        }
+        })
     }
 
     /// The definition fields as a config entry (every secret, whatever its expiry).
-    pub fn definition(&self) -> EndpointConfig {
-        EndpointConfig {
-            secrets: self.secrets.iter().map(|s| s.secret.clone()).collect(),
-            ..self.config_at(i64::MIN)
-        }
+    pub fn definition(&self) -> Option<EndpointConfig> {
+        Some(EndpointConfig {
+            secrets: self
+                .secrets
+                .iter()
+                .filter_map(|s| Secret::parse(&s.secret).ok())
+                .collect(),
+            ..self.config_at(i64::MIN)?
+        })
     }
 
     /// JSON for listings and the API: everything but secret values (count and expiries only).
@@ -234,7 +239,7 @@ impl EndpointSet {
     /// Every endpoint as the delivery engine takes it, for requests at `t_ms` (see
     /// [`Endpoint::config_at`]).
     pub fn configs_at(&self, t_ms: i64) -> Vec<EndpointConfig> {
-        self.iter().map(|e| e.config_at(t_ms)).collect()
+        self.iter().filter_map(|e| e.config_at(t_ms)).collect()
     }
     pub(crate) fn insert(&mut self, e: Endpoint) {
         self.endpoints.insert(e.id.clone(), e);
@@ -295,10 +300,10 @@ impl fmt::Display for FieldError {
 pub fn validate(def: &EndpointConfig) -> Result<(), FieldError> {
     let mut ep = toml::Table::new();
     ep.insert("id".into(), def.id.clone().into());
-    ep.insert("url".into(), def.url.clone().into());
+    ep.insert("url".into(), def.url.as_str().into());
     ep.insert(
         "secrets".into(),
-        toml::Value::Array(def.secrets.iter().map(|s| s.clone().into()).collect()),
+        toml::Value::Array(def.secrets.iter().map(|s| s.to_text().into()).collect()),
     );
     if let Some(t) = &def.tenant {
         ep.insert("tenant".into(), t.clone().into());
@@ -355,8 +360,8 @@ mod tests {
     fn def() -> EndpointConfig {
         EndpointConfig {
             id: "crm".into(),
-            url: "https://crm.example/hook".into(),
-            secrets: vec![A.into()],
+            url: EndpointUrl::parse("https://crm.example/hook").expect("url"),
+            secrets: vec![Secret::parse(A).expect("secret")],
             tenant: Some("acme".into()),
             event_types: vec!["order.*".into()],
             enabled: true,
@@ -370,10 +375,9 @@ mod tests {
         assert_eq!(validate(&def()), Ok(()));
         type Edit = Box<dyn Fn(&mut EndpointConfig)>;
         let cases: Vec<(Edit, &str)> = vec![
-            (Box::new(|d| d.url = "ftp://x".into()), "url"),
-            (Box::new(|d| d.url = "https://u:p@x".into()), "url"),
+            // URLs and secrets cannot even be built wrong (parsed at load, `EndpointUrl`,
+            // `Secret`): the API and the CLI name `url` / `secret` when parsing fails.
             (Box::new(|d| d.id = "has space".into()), "id"),
-            (Box::new(|d| d.secrets = vec!["nope".into()]), "secrets[0]"),
             (Box::new(|d| d.tenant = Some(String::new())), "tenant"),
             (
                 Box::new(|d| d.event_types = vec![String::new()]),
@@ -391,12 +395,10 @@ mod tests {
             let err = validate(&d).expect_err(field);
             assert_eq!(err.field, field, "{err}");
         }
-        let err = validate(&EndpointConfig {
-            secrets: vec!["whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSX!".into()],
-            ..def()
-        })
-        .expect_err("bad secret");
-        assert!(!err.to_string().contains("MfKQ9r8"), "{err}");
+        assert!(EndpointUrl::parse("ftp://x").is_err());
+        assert!(EndpointUrl::parse("https://u:p@x").is_err());
+        let bad = Secret::parse("whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSX!").expect_err("bad secret");
+        assert!(!bad.contains("MfKQ9r8"), "{bad}");
     }
 
     #[test]
@@ -472,7 +474,10 @@ mod tests {
             .problem
             .as_deref()
             .is_some_and(|p| p.contains("secrets[0]")));
-        assert!(!blind.config_at(0).enabled, "never sent unsigned");
+        assert!(
+            !blind.config_at(0).expect("parses").enabled,
+            "never sent unsigned"
+        );
         assert!(!format!("{:?}", e).contains("MfKQ9r8"));
         assert!(generate_secret().starts_with("whsec_"));
         assert_eq!(

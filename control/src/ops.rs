@@ -122,7 +122,7 @@ impl Registry {
                 }
                 let e = Endpoint {
                     id: def.id.clone(),
-                    url: def.url.clone(),
+                    url: def.url.as_str().to_string(),
                     tenant: def.tenant.clone(),
                     event_types: def.event_types.clone(),
                     enabled: def.enabled,
@@ -132,7 +132,7 @@ impl Registry {
                         .secrets
                         .iter()
                         .map(|s| SigningSecret {
-                            secret: s.clone(),
+                            secret: s.to_text(),
                             expires_at_ms: None,
                         })
                         .collect(),
@@ -176,7 +176,15 @@ impl Registry {
                 if let Some(m) = change.max_concurrency {
                     next.max_concurrency = m;
                 }
-                check(&next.definition())?;
+                let def = next.definition().ok_or_else(|| {
+                    WriteError::Invalid(FieldError {
+                        field: "url".into(),
+                        reason: hookline_common::config::EndpointUrl::parse(&next.url)
+                            .err()
+                            .unwrap_or_default(),
+                    })
+                })?;
+                check(&def)?;
                 if next == *e {
                     return Ok((Change::Nothing, None));
                 }
@@ -202,7 +210,7 @@ impl Registry {
             }
         }
         let change = EndpointUpdate {
-            url: Some(def.url.clone()),
+            url: Some(def.url.as_str().to_string()),
             tenant: Some(def.tenant.clone()),
             event_types: Some(def.event_types.clone()),
             timeout: Some(def.timeout),

@@ -108,7 +108,7 @@ impl Plane {
 fn deliverable(set: &EndpointSet, file: &[EndpointConfig], now: i64) -> Vec<EndpointConfig> {
     set.iter()
         .filter(|e| e.managed_by != ManagedBy::File && !file.iter().any(|f| f.id == e.id))
-        .map(|e| e.config_at(now))
+        .filter_map(|e| e.config_at(now))
         .chain(file.iter().cloned())
         .collect()
 }
@@ -186,7 +186,7 @@ mod tests {
     fn file(id: &str, url: &str) -> EndpointConfig {
         EndpointConfig {
             id: id.into(),
-            url: url.into(),
+            url: hookline_common::config::EndpointUrl::parse(url).expect("url"),
             secrets: vec![],
             tenant: None,
             event_types: vec![],
@@ -202,6 +202,6 @@ mod tests {
         let mine = [file("a", "https://a.example/v2")];
         let got = deliverable(&set, &mine, 0);
         assert_eq!(got.len(), 1);
-        assert_eq!(got[0].url, "https://a.example/v2");
+        assert_eq!(got[0].url.as_str(), "https://a.example/v2");
     }
 }

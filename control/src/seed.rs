@@ -30,7 +30,7 @@ use crate::writer::Change;
 fn same(e: &Endpoint, d: &EndpointConfig) -> bool {
     e.managed_by == ManagedBy::File
         && e.problem.is_none()
-        && e.url == d.url
+        && e.url == d.url.as_str()
         && e.tenant == d.tenant
         && e.event_types == d.event_types
         && e.enabled == d.enabled
@@ -42,7 +42,7 @@ fn same(e: &Endpoint, d: &EndpointConfig) -> bool {
 fn from_file(d: &EndpointConfig, current: Option<&Endpoint>, now: i64) -> Endpoint {
     Endpoint {
         id: d.id.clone(),
-        url: d.url.clone(),
+        url: d.url.as_str().to_string(),
         tenant: d.tenant.clone(),
         event_types: d.event_types.clone(),
         enabled: d.enabled,
@@ -52,7 +52,7 @@ fn from_file(d: &EndpointConfig, current: Option<&Endpoint>, now: i64) -> Endpoi
             .secrets
             .iter()
             .map(|s| SigningSecret {
-                secret: s.clone(),
+                secret: s.to_text(),
                 expires_at_ms: None,
             })
             .collect(),

@@ -51,7 +51,7 @@ use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
 
 use hookline_common::config::Config;
-use hookline_common::headers as h;
+use hookline_common::event_headers::EventHeaders;
 use hookline_common::kafka::{
     base_config, consumer_config, is_transient, producer_config, require_topics, retry_transient,
     TOPICS_WAIT,
@@ -77,11 +77,11 @@ const TRANSACTION_TIMEOUT: Duration = Duration::from_secs(10);
 /// Timeout handed to each transactional call.
 const TXN_CALL_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// The seen-set's coarse time: unix seconds (at least 1: 0 marks an empty slot).
 fn unix_secs() -> u32 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs() as u32)
-        .unwrap_or(1)
+    u32::try_from(hookline_common::clock::now_secs())
+        .unwrap_or(u32::MAX)
+        .max(1)
 }
 
 /// Runs stage B until shutdown, on a dedicated thread.
@@ -382,9 +382,7 @@ impl Core {
             }
             return Ok(());
         }
-        let key = header_str(msg, h::DEDUPE_KEY)
-            .map(str::to_string)
-            .or_else(|| header_str(msg, h::EVENT_ID).map(|id| format!("id:{id}")));
+        let key = EventHeaders::seen_key(msg);
         let first = match (&key, self.parts.get_mut(&partition)) {
             (Some(k), Some(PartState::Ready(seen))) => seen.check_and_insert(key_hash(k), now),
             _ => {
@@ -703,14 +701,6 @@ fn retry_txn(op: &str, mut call: impl FnMut() -> Result<(), KafkaError>) -> Resu
 /// Retries of a transactional call before it counts as abortable (100 ms, 200 ms, … ≈ 5.5 s).
 const TXN_RETRIES: u64 = 10;
 
-fn header_str<'a>(msg: &'a BorrowedMessage<'_>, key: &str) -> Option<&'a str> {
-    msg.headers()?
-        .iter()
-        .find(|hd| hd.key == key)
-        .and_then(|hd| hd.value)
-        .and_then(|v| std::str::from_utf8(v).ok())
-}
-
 fn transactional_id(config: &Config) -> String {
     let group = config.group_id(STAGE);
     match &config.kafka.instance_id {
@@ -719,7 +709,7 @@ fn transactional_id(config: &Config) -> String {
         None => format!(
             "{group}.{}.{}",
             std::process::id(),
-            hookline_common::delivery::now_ms()
+            hookline_common::clock::now_ms()
         ),
     }
 }

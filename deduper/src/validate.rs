@@ -26,12 +26,12 @@ use rdkafka::TopicPartitionList;
 
 use hookline_common::config::Config;
 use hookline_common::envelope::{Invalid, Validator};
-use hookline_common::headers as h;
+use hookline_common::event_headers::EventHeaders;
 use hookline_common::kafka::{consumer_config, producer_config, AssignmentProbe};
 use hookline_common::keyhash::{key_hash, partition_for};
 use hookline_common::ops::StageProbe;
 use hookline_common::produce::{self, owned_headers, OwnedRecord, ProduceErrors, SendError};
-use hookline_common::quarantine::{self, Source};
+use hookline_common::quarantine::{self, Quarantine, Source};
 use hookline_common::recordsize::{self, Limits};
 use hookline_common::shutdown::Shutdown;
 use hookline_common::topics::Topics;
@@ -151,16 +151,17 @@ pub async fn run(
                 let record = match admitted.and_then(|()| validator.validate(msg.payload())) {
                     Ok(ev) => {
                         metrics.emit_valid();
+                        let facts = EventHeaders {
+                            id: ev.id.clone(),
+                            event_type: ev.event_type.clone(),
+                            tenant: ev.tenant.clone(),
+                            dedupe_key: Some(ev.dedupe_key.clone()),
+                        };
                         let mut headers: Vec<(&str, Option<&[u8]>)> = carried
                             .iter()
                             .map(|(k, v)| (k.as_str(), v.as_deref()))
                             .collect();
-                        headers.push((h::EVENT_ID, Some(ev.id.as_bytes())));
-                        headers.push((h::EVENT_TYPE, Some(ev.event_type.as_bytes())));
-                        headers.push((h::DEDUPE_KEY, Some(ev.dedupe_key.as_bytes())));
-                        if let Some(t) = &ev.tenant {
-                            headers.push((h::TENANT, Some(t.as_bytes())));
-                        }
+                        headers.extend(facts.pairs().into_iter().map(|(k, v)| (k, Some(v))));
                         OwnedRecord {
                             topic: dedupe_topic.clone(),
                             partition: Some(partition_for(key_hash(&ev.dedupe_key), partitions)),
@@ -242,40 +243,16 @@ fn quarantine_record<M: Message>(
     if why.reason == hookline_common::envelope::InvalidReason::RecordTooLarge {
         return bounded();
     }
-    let whole = whole_quarantine(invalid_topic, msg, carried, why, source);
+    let quarantine = Quarantine {
+        reason: why.reason.as_str(),
+        detail: &why.detail,
+        source,
+    };
+    let whole = quarantine.whole(invalid_topic, msg.key(), msg.payload(), carried);
     if whole.size() > limit {
         return bounded();
     }
     whole
-}
-
-/// The input's key, value and headers with the reason, detail and source position.
-fn whole_quarantine<M: Message>(
-    invalid_topic: &str,
-    msg: &M,
-    carried: &[(String, Option<Vec<u8>>)],
-    why: &Invalid,
-    source: Source<'_>,
-) -> OwnedRecord {
-    let (partition_s, offset_s) = (source.partition.to_string(), source.offset.to_string());
-    let mut headers: Vec<(&str, Option<&[u8]>)> = carried
-        .iter()
-        .map(|(k, v)| (k.as_str(), v.as_deref()))
-        .collect();
-    headers.extend([
-        (h::INVALID_REASON, Some(why.reason.as_str().as_bytes())),
-        (h::INVALID_DETAIL, Some(why.detail.as_bytes())),
-        (h::SOURCE_TOPIC, Some(source.topic.as_bytes())),
-        (h::SOURCE_PARTITION, Some(partition_s.as_bytes())),
-        (h::SOURCE_OFFSET, Some(offset_s.as_bytes())),
-    ]);
-    OwnedRecord {
-        topic: invalid_topic.to_string(),
-        partition: None,
-        key: msg.key().map(<[u8]>::to_vec),
-        value: msg.payload().map(<[u8]>::to_vec),
-        headers: owned_headers(headers),
-    }
 }
 
 /// What a pending write needs to finish on its own: wait for the acknowledgement, retry

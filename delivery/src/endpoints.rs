@@ -133,7 +133,8 @@ mod tests {
     fn ep(id: &str, tenant: Option<&str>, types: &[&str], enabled: bool) -> EndpointConfig {
         EndpointConfig {
             id: id.into(),
-            url: "https://example.com/hook".into(),
+            url: hookline_common::config::EndpointUrl::parse("https://example.com/hook")
+                .expect("url"),
             secrets: vec![],
             tenant: tenant.map(str::to_string),
             event_types: types.iter().map(|s| s.to_string()).collect(),

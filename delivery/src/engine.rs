@@ -17,9 +17,8 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use hookline_common::clock::{now_ms as unix_ms_now, now_secs as unix_secs_now};
+use hookline_common::clock::{now_ms, now_secs};
 use hookline_common::config::{EndpointConfig, HttpConfig};
-use hookline_common::secret::decode_secret;
 use prometheus::{IntGauge, Registry};
 use tokio::sync::watch;
 use tracing::{debug, warn};
@@ -53,7 +52,6 @@ struct Inner {
     limits: EndpointLimits,
     /// Endpoint ids already warned about, so a misconfigured endpoint logs once, not per event.
     warned_blocked: Mutex<HashSet<String>>,
-    warned_bad_secret: Mutex<HashSet<String>>,
     /// Requests on the wire (holding an endpoint concurrency permit).
     inflight: IntGauge,
 }
@@ -82,7 +80,6 @@ impl Engine {
                 max_response_body_bytes: http.max_response_body_bytes,
                 limits,
                 warned_blocked: Mutex::new(HashSet::new()),
-                warned_bad_secret: Mutex::new(HashSet::new()),
                 inflight,
             }),
         })
@@ -128,7 +125,7 @@ impl Engine {
         attempt: u32,
         mut cutoff: watch::Receiver<bool>,
     ) -> Admission {
-        let started_at_ms = unix_ms_now();
+        let started_at_ms = now_ms();
         let start = Instant::now();
         let cut = async move {
             if cutoff.wait_for(|cut| *cut).await.is_err() {
@@ -191,7 +188,7 @@ impl Engine {
             Err(result) => {
                 let outcome = AttemptOutcome {
                     attempt,
-                    started_at_ms: unix_ms_now(),
+                    started_at_ms: now_ms(),
                     duration: Duration::ZERO,
                     result,
                 };
@@ -203,7 +200,7 @@ impl Engine {
         let Some(_permit) = limit.acquire(&endpoint.id, wait).await else {
             return Admission::Saturated { busy: limit.max };
         };
-        let started_at_ms = unix_ms_now();
+        let started_at_ms = now_ms();
         let start = Instant::now();
         let _inflight = InflightGuard::enter(&self.inner.inflight);
         let timeout = endpoint.timeout.unwrap_or(self.inner.timeout);
@@ -220,31 +217,18 @@ impl Engine {
         Admission::Attempted(self.finish(endpoint, outcome))
     }
 
-    /// The endpoint URL, parsed and, when its host is an IP literal, checked by the guard
-    /// (reqwest only calls the guarded resolver for names).
+    /// The endpoint URL (parsed at config load) checked by the guard when its host is an IP
+    /// literal (reqwest only calls the guarded resolver for names).
     fn target(&self, endpoint: &EndpointConfig) -> Result<Url, AttemptResult> {
-        let invalid = |reason: &str| AttemptResult::Failed {
-            class: FailureClass::InvalidUrl,
-            status: None,
-            snippet: self.cap(reason.to_string()),
-        };
-        let url = match Url::parse(&endpoint.url) {
-            Ok(url) => url,
-            Err(e) => return Err(invalid(&format!("endpoint url is not a url: {e}"))),
-        };
-        if !matches!(url.scheme(), "http" | "https") || url.host().is_none() {
-            return Err(invalid(
-                "endpoint url must be http:// or https:// with a host",
-            ));
-        }
-        if let Err(blocked) = self.inner.guard.check_url(&url) {
+        let url = endpoint.url.as_url();
+        if let Err(blocked) = self.inner.guard.check_url(url) {
             return Err(AttemptResult::Failed {
                 class: FailureClass::Blocked,
                 status: None,
                 snippet: self.cap(blocked.to_string()),
             });
         }
-        Ok(url)
+        Ok(url.clone())
     }
 
     /// The request, bounded by `timeout` until its status line, then the bounded read of the
@@ -259,8 +243,8 @@ impl Engine {
         timeout: Duration,
     ) -> AttemptResult {
         let deadline = tokio::time::Instant::now() + timeout;
-        let keys = self.keys(endpoint);
-        let Some(headers) = webhook_headers(event_id, unix_secs_now(), attempt, &keys, &body)
+        let Some(headers) =
+            webhook_headers(event_id, now_secs(), attempt, &endpoint.secrets, &body)
         else {
             // The deduper rejects such ids; reaching here is a bug upstream, not the endpoint's.
             return AttemptResult::Failed {
@@ -321,28 +305,6 @@ impl Engine {
                 snippet: self.cap(String::from_utf8_lossy(&kept).into_owned()),
             }
         }
-    }
-
-    /// The decoded keys of the endpoint's secrets; an undecodable one is skipped and warned
-    /// about once (config validation rejects them, so this is a safety net).
-    fn keys(&self, endpoint: &EndpointConfig) -> Vec<Vec<u8>> {
-        let mut keys = Vec::with_capacity(endpoint.secrets.len());
-        for (index, secret) in endpoint.secrets.iter().enumerate() {
-            match decode_secret(secret) {
-                Ok(key) => keys.push(key),
-                Err(reason) => {
-                    if first_time(&self.inner.warned_bad_secret, &endpoint.id) {
-                        warn!(
-                            endpoint = %endpoint.id,
-                            index,
-                            %reason,
-                            "endpoint secret cannot be decoded, signing without it"
-                        );
-                    }
-                }
-            }
-        }
-        keys
     }
 
     /// Logs what must be logged (the delivery path counts the attempt).

@@ -16,10 +16,8 @@
 
 use std::time::Duration;
 
-use rdkafka::message::{Header, OwnedHeaders};
-
-use hookline_common::delivery::{self, now_ms, AttemptRecord, DeadReason, DeliveryMeta};
-use hookline_common::headers as h;
+use hookline_common::clock::now_ms;
+use hookline_common::delivery::{self, AttemptRecord, DeadReason, DeliveryMeta};
 use hookline_common::topics::Topics;
 
 use crate::outcome::{attempt_record, AttemptOutcome};
@@ -150,24 +148,6 @@ pub fn next_hop(meta: &mut DeliveryMeta, topics: &Topics, schedule: &[Duration])
 pub fn mark_dead(meta: &mut DeliveryMeta, reason: DeadReason) {
     meta.dead_reason = Some(reason);
     meta.dead_at_ms = Some(now_ms());
-}
-
-/// Kafka headers of a delivery record: the metadata plus the dedupe key when known.
-pub fn headers(meta: &DeliveryMeta, dedupe_key: Option<&str>) -> OwnedHeaders {
-    let mut out = OwnedHeaders::new_with_capacity(12);
-    for (k, v) in meta.to_headers() {
-        out = out.insert(Header {
-            key: k,
-            value: Some(v.as_bytes()),
-        });
-    }
-    if let Some(key) = dedupe_key {
-        out = out.insert(Header {
-            key: h::DEDUPE_KEY,
-            value: Some(key.as_bytes()),
-        });
-    }
-    out
 }
 
 #[cfg(test)]

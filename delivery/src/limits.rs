@@ -1,5 +1,5 @@
 //! Per-endpoint concurrency: at most `max_concurrency` requests to one endpoint at a time
-//! (`dispatcher.endpoint_concurrency` for an endpoint that sets none).
+//! (`dispatcher.endpoint_concurrency` or `tiers.endpoint_concurrency` for an endpoint that sets none).
 //!
 //! A caller that can put a delivery off ([`SlotWait::Bounded`]: the dispatcher, the tiers before
 //! the last slot) never waits long for a slot. The delivery is refused (the caller defers it to a

@@ -74,7 +74,9 @@ pub enum FailureClass {
     Io,
     /// The endpoint's address is refused by the SSRF guard.
     Blocked,
-    /// The endpoint URL is not an absolute http(s) URL with a host.
+    /// The endpoint URL is not an absolute http(s) URL with a host. URLs are checked when the
+    /// config is loaded, so the engine no longer reports it; kept in the closed set for metrics
+    /// series and for histories written before.
     InvalidUrl,
 }
 

@@ -18,7 +18,7 @@ pub(crate) fn webhook_headers(
     event_id: &str,
     timestamp: i64,
     attempt: u32,
-    keys: &[Vec<u8>],
+    keys: &[impl AsRef<[u8]>],
     body: &[u8],
 ) -> Option<HeaderMap> {
     let id_value = HeaderValue::from_str(event_id).ok()?;

@@ -15,11 +15,11 @@ type HmacSha256 = Hmac<Sha256>;
 ///
 /// Keys are the decoded secret bytes (see `hookline_common::secret::decode_secret`). An empty
 /// `keys` gives an empty string; callers omit the header then.
-pub fn sign(keys: &[Vec<u8>], msg_id: &str, timestamp: i64, body: &[u8]) -> String {
+pub fn sign(keys: &[impl AsRef<[u8]>], msg_id: &str, timestamp: i64, body: &[u8]) -> String {
     let timestamp = timestamp.to_string();
     let mut out = String::with_capacity(keys.len() * 48);
     for key in keys {
-        let Some(mac) = mac_of(key, msg_id, &timestamp, body) else {
+        let Some(mac) = mac_of(key.as_ref(), msg_id, &timestamp, body) else {
             continue;
         };
         if !out.is_empty() {
@@ -92,7 +92,7 @@ mod tests {
         assert!(parts[1].starts_with("v1,"));
         assert!(verify(&key(), MSG_ID, TIMESTAMP, BODY, &header));
         assert!(verify(&other, MSG_ID, TIMESTAMP, BODY, &header));
-        assert_eq!(sign(&[], MSG_ID, TIMESTAMP, BODY), "");
+        assert_eq!(sign(&[] as &[Vec<u8>], MSG_ID, TIMESTAMP, BODY), "");
     }
 
     #[test]

@@ -177,7 +177,8 @@ impl HopWriter {
         };
 
         let invalid = self.topics.invalid();
-        let headers: Vec<(String, Option<Vec<u8>>)> = hop::headers(meta, dedupe_key)
+        let headers: Vec<(String, Option<Vec<u8>>)> = meta
+            .kafka_headers(dedupe_key)
             .iter()
             .map(|h| (h.key.to_string(), h.value.map(<[u8]>::to_vec)))
             .collect();
@@ -274,7 +275,7 @@ impl HopWriter {
             partition: None,
             key: key.map(<[u8]>::to_vec),
             value: Some(value.to_vec()),
-            headers: hop::headers(meta, dedupe_key),
+            headers: meta.kafka_headers(dedupe_key),
         };
         let record = build(meta);
         let limit = self.limits.limit(target);

@@ -49,22 +49,17 @@
 //! whose hand-offs outlast its bounded waits, leaves the events after the stored prefix to be
 //! sent again by the next owner: receivers dedupe by `webhook-id`.
 
-use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
-use std::time::{Duration, Instant};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::{anyhow, bail, Context as _};
 use bytes::Bytes;
-use rdkafka::client::ClientContext;
-use rdkafka::consumer::{
-    BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance, StreamConsumer,
-};
-use rdkafka::error::{KafkaError, RDKafkaErrorCode};
-use rdkafka::message::{BorrowedMessage, Headers, Message, OwnedMessage};
+use rdkafka::consumer::{Consumer, StreamConsumer};
+use rdkafka::message::{BorrowedMessage, Message, OwnedMessage};
 use rdkafka::producer::{FutureProducer, Producer};
 use rdkafka::util::Timeout;
-use rdkafka::{Offset, TopicPartitionList};
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinSet;
 use tracing::{debug, info, warn};
@@ -72,13 +67,13 @@ use tracing::{debug, info, warn};
 use hookline_common::clock::now_ms;
 use hookline_common::config::{Config, EndpointConfig};
 use hookline_common::delivery::DeliveryMeta;
-use hookline_common::headers as h;
+use hookline_common::event_headers::EventHeaders;
 use hookline_common::kafka::{consumer_config, producer_config};
 use hookline_common::ops::StageProbe;
-use hookline_common::ownership::{can_block_here, Claim, Ownership};
+use hookline_common::ownership::Claim;
 use hookline_common::produce::ProduceErrors;
-use hookline_common::progress::Progress;
 use hookline_common::quarantine::Source;
+use hookline_common::rebalance::{self, Rebalanced};
 use hookline_common::shutdown::Shutdown;
 use hookline_common::topics::Topics;
 
@@ -88,23 +83,12 @@ use hookline_delivery::{
 };
 
 use crate::metrics::{ConsumerMetrics, HandoffTarget};
-use crate::window::Window;
+use crate::partitions::Partitions;
+use crate::rebalance::{DispatchContext, REVOKE_WAIT_CAP};
+use crate::window::Begin;
 
 /// The consumer group of the dispatcher (`<group_prefix>.dispatcher`) and its readiness name.
 pub const STAGE: &str = "dispatcher";
-
-/// Longest a revoke waits for the revoked partitions' deliveries (also bounded by
-/// `dispatcher.shutdown_grace`). Well below the default session timeout (45 s); the group's
-/// other members wait for this member during a rebalance.
-const REVOKE_WAIT_CAP: Duration = Duration::from_secs(10);
-
-/// At a revoke, after the wait for deliveries: how long the ones cut short get to be handed off
-/// before the partition's gate closes.
-const REVOKE_CUT_WAIT: Duration = Duration::from_secs(5);
-
-/// At a revoke, after the gate closed: how long enqueued hand-offs get to be acknowledged before
-/// the offsets are committed anyway.
-const REVOKE_ACK_WAIT: Duration = Duration::from_secs(10);
 
 /// After the shutdown grace, how long interrupted deliveries get to be acknowledged on their
 /// retry tier before the process gives up on them (their events are then re-sent by the next
@@ -121,10 +105,6 @@ const FULL_STALL: Duration = Duration::from_millis(100);
 /// whose endpoints are slow but not stuck frees room often enough never to hit `FULL_STALL`;
 /// this keeps it from setting everyone's pace.
 const STALL_BUDGET: Duration = Duration::from_millis(100);
-
-/// A partition that received a record (or was assigned) this recently may have more records
-/// queued behind a full partition's batch in librdkafka's single consumer queue.
-const RECENTLY_ACTIVE: Duration = Duration::from_secs(2);
 
 /// Runs the dispatcher until shutdown. Returns an error (process exits non-zero) only on a fatal
 /// produce error (fenced, not authorised, topic gone): no offset is ever stored past that event.
@@ -154,6 +134,7 @@ pub async fn run(
     ));
     let context = DispatchContext {
         partitions: partitions.clone(),
+        inbox: Default::default(),
         revoke_wait: config.dispatcher.shutdown_grace.min(REVOKE_WAIT_CAP),
         probe: probe.clone(),
     };
@@ -249,6 +230,7 @@ async fn consume(
     let mut spent: HashMap<i32, Duration> = HashMap::new();
     // The loop turns at least once a second, so its heartbeat means "not stuck" even when idle.
     let mut tick = tokio::time::interval(Duration::from_secs(1));
+    let inbox = &d.consumer.context().inbox;
     loop {
         probe.beat();
         let stall_over = async {
@@ -257,13 +239,34 @@ async fn consume(
                 None => std::future::pending().await,
             }
         };
-        tokio::select! {
+        let wake = tokio::select! {
             biased;
             _ = shutdown.wait() => return Ok(()),
             Some(err) = fatal.recv() => return Err(err),
-            Some(joined) = tasks.join_next(), if !tasks.is_empty() => reap(joined)?,
-            _ = tick.tick() => {}
-            () = d.partitions.room.notified() => {
+            Some(joined) = tasks.join_next(), if !tasks.is_empty() => Wake::Reaped(joined),
+            _ = tick.tick() => Wake::Recheck,
+            () = inbox.posted() => Wake::Recheck,
+            () = d.partitions.room.notified() => Wake::Room,
+            () = stall_over => Wake::StallOver,
+            msg = d.consumer.recv(), if stalled.is_none() => Wake::Received(msg),
+        };
+        // Callbacks ran inside `recv()`: apply them before acting on anything.
+        for change in inbox.take() {
+            match change {
+                Rebalanced::Assigned(assigned) => d.partitions.assign(&assigned),
+                Rebalanced::Revoked(ids) => {
+                    d.partitions.forget(&ids);
+                    for p in &ids {
+                        spent.remove(p);
+                    }
+                    stalled = stalled.filter(|(p, _)| !ids.contains(p));
+                }
+            }
+        }
+        match wake {
+            Wake::Reaped(joined) => reap(joined)?,
+            Wake::Recheck => {}
+            Wake::Room => {
                 for held in d.partitions.release_held(&d.consumer) {
                     // Taken in order; one that finds the window full again is held again.
                     if let Some(partition) = d.take(&held, tasks) {
@@ -279,22 +282,32 @@ async fn consume(
                     }
                 }
             }
-            () = stall_over => {
+            Wake::StallOver => {
                 if let Some((partition, _)) = stalled.take() {
                     d.partitions.pause(&d.consumer, partition);
                     spent.remove(&partition);
                 }
             }
-            msg = d.consumer.recv(), if stalled.is_none() => match msg {
-                Ok(msg) => {
-                    if let Some(partition) = d.take(&msg, tasks) {
-                        stalled = d.on_full(partition, &mut spent);
-                    }
+            Wake::Received(Ok(msg)) => {
+                if let Some(partition) = d.take(&msg, tasks) {
+                    stalled = d.on_full(partition, &mut spent);
                 }
-                Err(e) => warn!(error = %e, "consumer error on the dispatch topic"),
-            },
+            }
+            Wake::Received(Err(e)) => warn!(error = %e, "consumer error on the dispatch topic"),
         }
     }
+}
+
+/// What woke the consumer loop.
+enum Wake<'a> {
+    Reaped(Result<(), tokio::task::JoinError>),
+    /// The tick or a rebalance: look again.
+    Recheck,
+    /// A partition holding a record has room for it.
+    Room,
+    /// The stalled partition's stall is over: pause it.
+    StallOver,
+    Received(rdkafka::error::KafkaResult<BorrowedMessage<'a>>),
 }
 
 /// Graceful stop: wait for in-flight deliveries (finish, or fail and be handed off) within the
@@ -364,9 +377,8 @@ fn reap(joined: Result<(), tokio::task::JoinError>) -> anyhow::Result<()> {
 async fn close(dispatcher: Arc<Dispatcher>, clean: bool) {
     hookline_common::closing::close("the dispatcher's consumer and producer", move || {
         if clean {
-            match dispatcher.consumer.commit_consumer_state(CommitMode::Sync) {
+            match rebalance::commit(&dispatcher.consumer) {
                 Ok(()) => info!("offsets committed"),
-                Err(e) if is_no_offset(&e) => debug!("nothing new to commit"),
                 Err(e) => {
                     warn!(error = %e, "final offset commit failed; auto-commit retries on close")
                 }
@@ -378,10 +390,6 @@ async fn close(dispatcher: Arc<Dispatcher>, clean: bool) {
         drop(dispatcher);
     })
     .await;
-}
-
-fn is_no_offset(e: &KafkaError) -> bool {
-    matches!(e, KafkaError::ConsumerCommit(RDKafkaErrorCode::NoOffset))
 }
 
 /// Everything a delivery task needs, shared by the loop and the tasks.
@@ -435,52 +443,6 @@ impl Record for OwnedMessage {
     }
 }
 
-/// The envelope facts the deduper put in the record's headers.
-struct Envelope {
-    id: String,
-    event_type: String,
-    tenant: Option<String>,
-    dedupe_key: Option<String>,
-}
-
-impl Envelope {
-    fn from_message<M: Message>(msg: &M) -> Result<Envelope, &'static str> {
-        let mut id = None;
-        let mut event_type = None;
-        let mut tenant = None;
-        let mut dedupe_key = None;
-        if let Some(headers) = msg.headers() {
-            for header in headers.iter() {
-                let slot = match header.key {
-                    h::EVENT_ID => &mut id,
-                    h::EVENT_TYPE => &mut event_type,
-                    h::TENANT => &mut tenant,
-                    h::DEDUPE_KEY => &mut dedupe_key,
-                    _ => continue,
-                };
-                let value = header.value.map(std::str::from_utf8);
-                *slot = match value {
-                    Some(Ok(s)) => Some(s.to_string()),
-                    Some(Err(_)) => return Err("a hookline header is not UTF-8"),
-                    None => None,
-                };
-            }
-        }
-        let id = id
-            .filter(|s| !s.is_empty())
-            .ok_or("missing hookline-event-id header")?;
-        let event_type = event_type
-            .filter(|s| !s.is_empty())
-            .ok_or("missing hookline-event-type header")?;
-        Ok(Envelope {
-            id,
-            event_type,
-            tenant,
-            dedupe_key,
-        })
-    }
-}
-
 impl Dispatcher {
     /// A record is held for a full partition: stop reading for a moment (room usually appears
     /// within milliseconds; see `FULL_STALL`), or pause the partition at once when it already
@@ -517,7 +479,7 @@ impl Dispatcher {
                 return None;
             }
         };
-        let envelope = match (Envelope::from_message(msg), msg.payload()) {
+        let envelope = match (EventHeaders::from_message(msg), msg.payload()) {
             (Ok(envelope), Some(_)) => envelope,
             (Err(problem), _) => {
                 self.metrics.emit_malformed(partition, offset, problem);
@@ -690,680 +652,5 @@ impl Dispatcher {
                 target,
             ),
         }
-    }
-}
-
-/// Progress, held records and pause state of the `<p>.dispatch` partitions this member owns.
-/// Shared by the consumer loop (begins events, holds, pauses, resumes), the delivery tasks
-/// (complete events and store offsets) and the rebalance callbacks (assign, revoke).
-///
-/// Each assignment of a partition gets a new generation ([`Ownership`]); a completion from an
-/// older generation (a delivery that outlived a revoke) is ignored, so it can never store an
-/// offset for the new owner's turn, and its hand-off is refused by the ownership gate.
-struct Partitions {
-    topic: String,
-    /// How many events per partition may be unfinished / tracked before it takes no more.
-    window: Window,
-    /// Generations, hand-off gates and cut signals of the owned partitions.
-    ownership: Ownership<()>,
-    state: Mutex<State>,
-    /// Notified on every completion, so a revoke can wait for its partitions to drain.
-    changed: Condvar,
-    /// Notified when a partition holding a record has room for it again.
-    room: tokio::sync::Notify,
-    /// Set once the delivery tasks are gone (closing): a revoke has nothing left to wait for.
-    closing: AtomicBool,
-}
-
-#[derive(Default)]
-struct State {
-    progress: Progress,
-    owned: HashMap<i32, Owned>,
-}
-
-struct Owned {
-    generation: u64,
-    paused: bool,
-    /// When it last received a record (or was assigned).
-    last_seen: Instant,
-    /// The record that found the window full (in practice at most one: a pause drops the
-    /// partition's later fetched records), taken before any later record of the partition.
-    held: VecDeque<OwnedMessage>,
-}
-
-/// Whether the loop may start an event.
-#[derive(Debug, PartialEq, Eq)]
-enum Begin {
-    Started(u64),
-    Full,
-    NotOwned,
-}
-
-impl Partitions {
-    fn new(topic: String, window: usize) -> Self {
-        Partitions {
-            topic,
-            window: Window::new(window),
-            ownership: Ownership::default(),
-            state: Mutex::new(State::default()),
-            changed: Condvar::new(),
-            room: tokio::sync::Notify::new(),
-            closing: AtomicBool::new(false),
-        }
-    }
-
-    fn lock(&self) -> MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    /// Our partitions in a rebalance list.
-    fn ids(&self, tpl: &TopicPartitionList) -> Vec<i32> {
-        tpl.elements_for_topic(&self.topic)
-            .iter()
-            .map(|e| e.partition())
-            .collect()
-    }
-
-    fn assign(&self, ids: &[i32]) {
-        let mut st = self.lock();
-        for &p in ids {
-            let generation = self.ownership.assign(p);
-            st.progress.remove(p);
-            st.owned.insert(
-                p,
-                Owned {
-                    generation,
-                    paused: false,
-                    last_seen: Instant::now(),
-                    held: VecDeque::new(),
-                },
-            );
-        }
-    }
-
-    /// Starts tracking an event, unless its partition is not ours, or its window is full, or it
-    /// holds earlier records (which must begin first: an offset never begun could otherwise be
-    /// skipped by the stored prefix).
-    fn begin(&self, partition: i32, offset: i64) -> Begin {
-        let mut st = self.lock();
-        let Some(owned) = st.owned.get_mut(&partition) else {
-            return Begin::NotOwned;
-        };
-        owned.last_seen = Instant::now();
-        let (generation, holding) = (owned.generation, !owned.held.is_empty());
-        if holding || !self.window.has_room(st.progress.get(partition)) {
-            return Begin::Full;
-        }
-        st.progress.begin(partition, offset);
-        Begin::Started(generation)
-    }
-
-    /// Keeps a record that found its partition full, to be taken when there is room.
-    fn hold(&self, partition: i32, record: OwnedMessage) {
-        let ready = {
-            let mut guard = self.lock();
-            let st = &mut *guard;
-            st.owned.get_mut(&partition).is_some_and(|owned| {
-                owned.held.push_back(record);
-                self.ready(owned, &st.progress, partition)
-            })
-        };
-        if ready {
-            // Room appeared between `begin` and now: make sure the loop looks again.
-            self.room.notify_one();
-        }
-    }
-
-    fn holds(&self, partition: i32) -> bool {
-        self.lock()
-            .owned
-            .get(&partition)
-            .is_some_and(|o| !o.held.is_empty())
-    }
-
-    /// Whether a partition's held record may be taken now: room in the window, or, when paused,
-    /// half of the window drained.
-    fn ready(&self, owned: &Owned, progress: &Progress, partition: i32) -> bool {
-        let progress = progress.get(partition);
-        !owned.held.is_empty()
-            && if owned.paused {
-                self.window.may_resume(progress)
-            } else {
-                self.window.has_room(progress)
-            }
-    }
-
-    /// Takes the held records whose partitions have room again, in offset order, resuming the
-    /// paused partitions.
-    fn release_held<C: Consumer<DispatchContext>>(&self, consumer: &C) -> Vec<OwnedMessage> {
-        let mut st = self.lock();
-        let st = &mut *st;
-        let mut out = Vec::new();
-        for (&p, owned) in st.owned.iter_mut() {
-            if !self.ready(owned, &st.progress, p) {
-                continue;
-            }
-            if owned.paused {
-                owned.paused = false;
-                self.set_paused(consumer, p, false);
-            }
-            out.extend(owned.held.drain(..));
-        }
-        out
-    }
-
-    /// Whether another partition may have records queued behind this full one's: it is not
-    /// paused, has room, and was active lately. Then pausing the full one lets them through;
-    /// otherwise holding its record for a moment costs nobody anything.
-    fn others_may_wait(&self, partition: i32) -> bool {
-        let st = self.lock();
-        st.owned.iter().any(|(&q, o)| {
-            q != partition
-                && !o.paused
-                && o.held.is_empty()
-                && self.window.has_room(st.progress.get(q))
-                && o.last_seen.elapsed() < RECENTLY_ACTIVE
-        })
-    }
-
-    /// Pauses a full partition: the others are read again meanwhile.
-    fn pause<C: Consumer<DispatchContext>>(&self, consumer: &C, partition: i32) {
-        let mut st = self.lock();
-        let in_flight = st.progress.unfinished(partition);
-        if let Some(owned) = st.owned.get_mut(&partition) {
-            if !owned.paused {
-                owned.paused = true;
-                self.set_paused(consumer, partition, true);
-                debug!(
-                    partition,
-                    unfinished = in_flight,
-                    "partition window full, paused"
-                );
-            }
-        }
-    }
-
-    /// Marks an event done and stores the new prefix end. Ignored when the partition was
-    /// revoked since the event began.
-    fn complete<C: Consumer<DispatchContext>>(
-        &self,
-        consumer: &C,
-        partition: i32,
-        generation: u64,
-        offset: i64,
-    ) {
-        let mut st = self.lock();
-        let mut room = false;
-        if st.owned.get(&partition).map(|o| o.generation) == Some(generation) {
-            if let Some(next) = st.progress.complete(partition, offset) {
-                // Under the lock, so stores of one partition never go backwards.
-                self.store(consumer, partition, next);
-            }
-            room = st
-                .owned
-                .get(&partition)
-                .is_some_and(|o| self.ready(o, &st.progress, partition));
-        }
-        drop(st);
-        self.changed.notify_all();
-        if room {
-            self.room.notify_one();
-        }
-    }
-
-    /// Revokes partitions so that no hand-off of theirs can appear afterwards and every
-    /// acknowledged one is covered by the stored offsets:
-    /// 1. waits up to `wait` for their unfinished events (deliveries finish or hand off);
-    /// 2. cuts the attempts still running short (handed off as `timeout`) and waits up to
-    ///    [`REVOKE_CUT_WAIT`] for those hand-offs;
-    /// 3. closes their ownership gates: from now on their deliveries write nothing;
-    /// 4. waits up to [`REVOKE_ACK_WAIT`] for the hand-offs already enqueued to be acknowledged
-    ///    (their events complete and their offsets are stored meanwhile);
-    /// 5. forgets them (and their held records).
-    ///
-    /// With `wait` zero (a lost assignment, a closing stage) the gates close at once.
-    fn revoke(&self, ids: &[i32], wait: Duration) -> Revoked {
-        let wait = if self.closing.load(Ordering::Relaxed) {
-            Duration::ZERO
-        } else {
-            wait
-        };
-        let mut cut = false;
-        if !wait.is_zero() && !self.wait_unfinished(ids, wait) {
-            cut = true;
-            self.ownership.cut(ids);
-            self.wait_unfinished(ids, REVOKE_CUT_WAIT.min(wait));
-        }
-        self.ownership.close(ids);
-        let unacked = if wait.is_zero() {
-            0
-        } else {
-            self.ownership.wait_acked(ids, REVOKE_ACK_WAIT)
-        };
-        self.ownership.remove(ids);
-        let mut st = self.lock();
-        let mut abandoned = 0;
-        for p in ids {
-            abandoned += st.progress.unfinished(*p);
-            st.progress.remove(*p);
-            st.owned.remove(p);
-        }
-        Revoked {
-            abandoned,
-            cut,
-            unacked,
-        }
-    }
-
-    /// Waits up to `wait` until these partitions have no unfinished event; returns whether so.
-    fn wait_unfinished(&self, ids: &[i32], wait: Duration) -> bool {
-        let deadline = Instant::now() + wait;
-        let mut st = self.lock();
-        loop {
-            let busy: usize = ids.iter().map(|p| st.progress.unfinished(*p)).sum();
-            let now = Instant::now();
-            if busy == 0 {
-                return true;
-            }
-            if now >= deadline {
-                return false;
-            }
-            st = match self.changed.wait_timeout(st, deadline - now) {
-                Ok((guard, _)) => guard,
-                Err(poisoned) => poisoned.into_inner().0,
-            };
-        }
-    }
-
-    #[cfg(test)]
-    fn in_flight_of(&self, ids: &[i32]) -> usize {
-        let st = self.lock();
-        ids.iter().map(|p| st.progress.unfinished(*p)).sum()
-    }
-
-    fn store<C: Consumer<DispatchContext>>(&self, consumer: &C, partition: i32, next: i64) {
-        let mut tpl = TopicPartitionList::new();
-        if let Err(e) = tpl.add_partition_offset(&self.topic, partition, Offset::Offset(next)) {
-            warn!(partition, error = %e, "cannot build an offset list");
-            return;
-        }
-        if let Err(e) = consumer.store_offsets(&tpl) {
-            // ERR__STATE: the partition is being revoked; its new owner reads from the commit.
-            debug!(partition, offset = next, error = %e, "offset not stored");
-        }
-    }
-
-    fn set_paused<C: Consumer<DispatchContext>>(&self, consumer: &C, partition: i32, pause: bool) {
-        let mut tpl = TopicPartitionList::new();
-        tpl.add_partition(&self.topic, partition);
-        let result = if pause {
-            consumer.pause(&tpl)
-        } else {
-            consumer.resume(&tpl)
-        };
-        if let Err(e) = result {
-            warn!(partition, pause, error = %e, "cannot pause/resume a partition");
-        }
-    }
-}
-
-/// What a revoke left behind.
-#[derive(Debug, PartialEq, Eq)]
-struct Revoked {
-    /// Events not finished (their offsets are not stored: the new owner sends them again).
-    abandoned: usize,
-    /// Whether attempts had to be cut short.
-    cut: bool,
-    /// Hand-offs enqueued but not acknowledged when the wait ended.
-    unacked: usize,
-}
-
-/// librdkafka callbacks of the dispatcher's consumer. They run inside the consumer loop's
-/// `recv` (on its thread), so they stay short; a revoke blocks for at most `revoke_wait`, and
-/// only after moving off the async runtime's worker slot (`block_in_place`).
-struct DispatchContext {
-    partitions: Arc<Partitions>,
-    revoke_wait: Duration,
-    /// Ready once the group gave this member its assignment (an empty one too: a standby);
-    /// unready when the assignment is lost.
-    probe: StageProbe,
-}
-
-impl ClientContext for DispatchContext {}
-
-impl ConsumerContext for DispatchContext {
-    fn pre_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
-        match rebalance {
-            Rebalance::Assign(tpl) => self.partitions.assign(&self.partitions.ids(tpl)),
-            Rebalance::Revoke(tpl) => self.on_revoke(consumer, tpl),
-            Rebalance::Error(e) => warn!(error = %e, "rebalance error"),
-        }
-    }
-
-    fn post_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
-        if let Rebalance::Assign(tpl) = rebalance {
-            self.probe.set_ready(true);
-            let ids = self.partitions.ids(tpl);
-            if ids.is_empty() {
-                return;
-            }
-            // Pause state survives an unassign/assign in librdkafka: a partition paused under a
-            // previous assignment would otherwise stay silent forever.
-            if let Err(e) = consumer.resume(tpl) {
-                warn!(error = %e, "cannot resume newly assigned partitions");
-            }
-            info!(partitions = ?ids, "partitions assigned");
-        }
-    }
-}
-
-impl DispatchContext {
-    /// Stops taking work for the revoked partitions (the loop is inside this callback, and
-    /// librdkafka drops their remaining fetched records), waits a bounded time for their
-    /// deliveries, commits what is stored, and forgets them.
-    fn on_revoke(&self, consumer: &BaseConsumer<Self>, tpl: &TopicPartitionList) {
-        let ids = self.partitions.ids(tpl);
-        if ids.is_empty() {
-            return;
-        }
-        // A lost assignment (session timeout, eviction) is already someone else's: close the
-        // gates at once, wait for nothing, commit nothing.
-        let lost = consumer.assignment_lost();
-        if lost {
-            self.probe.set_ready(false);
-        }
-        let wait = if lost || !can_block_here() {
-            Duration::ZERO
-        } else {
-            self.revoke_wait
-        };
-        let revoked = if wait.is_zero() {
-            self.partitions.revoke(&ids, Duration::ZERO)
-        } else {
-            tokio::task::block_in_place(|| self.partitions.revoke(&ids, wait))
-        };
-        if revoked.abandoned > 0 || revoked.unacked > 0 {
-            warn!(
-                partitions = ?ids,
-                lost,
-                abandoned = revoked.abandoned,
-                unacknowledged = revoked.unacked,
-                "partitions revoked with deliveries unfinished; their events will be sent again \
-                 by the new owner"
-            );
-        } else {
-            info!(partitions = ?ids, cut_short = revoked.cut, "partitions revoked");
-        }
-        if lost {
-            return;
-        }
-        match consumer.commit_consumer_state(CommitMode::Sync) {
-            Ok(()) => {}
-            Err(e) if is_no_offset(&e) => {}
-            Err(e) => warn!(error = %e, "commit on revoke failed"),
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use rdkafka::config::ClientConfig;
-    use rdkafka::Timestamp;
-
-    /// A consumer that never talks to a broker (no group): pause/resume/store calls fail and are
-    /// logged, which is enough to exercise the bookkeeping.
-    fn consumer(partitions: Arc<Partitions>) -> BaseConsumer<DispatchContext> {
-        ClientConfig::new()
-            .set("bootstrap.servers", "127.0.0.1:1")
-            .create_with_context(DispatchContext {
-                partitions,
-                revoke_wait: Duration::ZERO,
-                probe: StageProbe::detached("test"),
-            })
-            .expect("consumer")
-    }
-
-    fn record(partition: i32, offset: i64) -> OwnedMessage {
-        OwnedMessage::new(
-            Some(b"{}".to_vec()),
-            None,
-            "t".into(),
-            Timestamp::NotAvailable,
-            partition,
-            offset,
-            None,
-        )
-    }
-
-    fn paused(p: &Partitions, partition: i32) -> bool {
-        p.lock().owned.get(&partition).is_some_and(|o| o.paused)
-    }
-
-    fn started(b: Begin) -> u64 {
-        match b {
-            Begin::Started(generation) => generation,
-            other => panic!("expected a start, got {other:?}"),
-        }
-    }
-
-    #[test]
-    fn records_of_unowned_partitions_are_not_taken() {
-        let p = Partitions::new("t".into(), 4);
-        assert_eq!(p.begin(0, 10), Begin::NotOwned);
-        p.assign(&[0]);
-        started(p.begin(0, 10));
-        assert_eq!(p.in_flight_of(&[0]), 1);
-    }
-
-    #[test]
-    fn full_window_holds_the_record_until_there_is_room() {
-        let p = Arc::new(Partitions::new("t".into(), 2));
-        let c = consumer(p.clone());
-        p.assign(&[0, 1]);
-        let generation = started(p.begin(0, 0));
-        started(p.begin(0, 1));
-        assert_eq!(p.begin(0, 2), Begin::Full);
-        started(p.begin(1, 0));
-        p.hold(0, record(0, 2));
-        assert!(p.holds(0));
-        assert_eq!(
-            p.begin(0, 3),
-            Begin::Full,
-            "nothing overtakes a held record"
-        );
-        assert!(p.release_held(&c).is_empty(), "still full");
-        // The head completes: room for the held record, not paused, so no resume needed.
-        p.complete(&c, 0, generation, 0);
-        let released = p.release_held(&c);
-        assert_eq!(released.iter().map(|m| m.offset()).collect::<Vec<_>>(), [2]);
-        assert!(!p.holds(0));
-        started(p.begin(0, 2));
-    }
-
-    #[test]
-    fn paused_partition_resumes_at_half_its_window() {
-        let p = Arc::new(Partitions::new("t".into(), 4));
-        let c = consumer(p.clone());
-        p.assign(&[0]);
-        let generations: Vec<u64> = (0..4).map(|o| started(p.begin(0, o))).collect();
-        let generation = generations[3];
-        assert_eq!(p.begin(0, 4), Begin::Full);
-        p.hold(0, record(0, 4));
-        p.pause(&c, 0);
-        assert!(paused(&p, 0));
-        // Out of order: 3 done while the head (0) still runs: 3 unfinished.
-        p.complete(&c, 0, generation, 3);
-        assert_eq!(p.in_flight_of(&[0]), 3, "0, 1 and 2 unfinished");
-        assert!(
-            p.release_held(&c).is_empty(),
-            "3 > half the window: stays paused"
-        );
-        assert!(paused(&p, 0));
-        // 1 done behind the still running head: only unfinished events count.
-        p.complete(&c, 0, generation, 1);
-        assert_eq!(p.in_flight_of(&[0]), 2);
-        assert_eq!(p.release_held(&c).len(), 1, "resumed at half the window");
-        assert!(!paused(&p, 0));
-        assert_eq!(p.lock().progress.in_flight(0), 4, "0..=3 still tracked");
-        p.complete(&c, 0, generation, 0);
-        p.complete(&c, 0, generation, 2);
-        assert_eq!(
-            p.lock().progress.in_flight(0),
-            0,
-            "the head released the rest"
-        );
-    }
-
-    #[test]
-    fn a_stuck_event_takes_one_place_in_the_window() {
-        let p = Arc::new(Partitions::new("t".into(), 2));
-        let c = consumer(p.clone());
-        p.assign(&[0]);
-        let generation = started(p.begin(0, 0));
-        for o in 1..50 {
-            started(p.begin(0, o));
-            p.complete(&c, 0, generation, o);
-        }
-        assert_eq!(p.in_flight_of(&[0]), 1);
-        started(p.begin(0, 50));
-        assert_eq!(p.begin(0, 51), Begin::Full, "two unfinished");
-    }
-
-    #[test]
-    fn only_an_active_partition_with_room_counts_as_waiting() {
-        let p = Arc::new(Partitions::new("t".into(), 1));
-        let c = consumer(p.clone());
-        p.assign(&[0]);
-        assert!(!p.others_may_wait(0), "alone: nobody to let through");
-        p.assign(&[1]);
-        assert!(p.others_may_wait(0), "1 was just assigned and has room");
-        started(p.begin(1, 0));
-        assert!(!p.others_may_wait(0), "1 is full");
-        assert_eq!(p.begin(1, 1), Begin::Full);
-        p.hold(1, record(1, 1));
-        p.pause(&c, 1);
-        p.lock().progress.remove(1);
-        assert!(!p.others_may_wait(0), "1 is paused");
-        p.assign(&[2]);
-        let long_ago = Instant::now().checked_sub(RECENTLY_ACTIVE).expect("uptime");
-        p.lock().owned.get_mut(&2).expect("owned").last_seen = long_ago;
-        assert!(!p.others_may_wait(0), "2 has been idle");
-    }
-
-    #[test]
-    fn completions_from_before_a_revoke_are_ignored() {
-        let p = Arc::new(Partitions::new("t".into(), 8));
-        let c = consumer(p.clone());
-        p.assign(&[0]);
-        let old = started(p.begin(0, 5));
-        p.hold(0, record(0, 6));
-        assert_eq!(
-            p.revoke(&[0], Duration::ZERO).abandoned,
-            1,
-            "one event abandoned"
-        );
-        p.assign(&[0]);
-        assert!(!p.holds(0), "held records go with the revoke");
-        let new = started(p.begin(0, 5));
-        assert_ne!(old, new);
-        p.complete(&c, 0, old, 5);
-        assert_eq!(
-            p.in_flight_of(&[0]),
-            1,
-            "the stale completion changed nothing"
-        );
-        p.complete(&c, 0, new, 5);
-        assert_eq!(p.in_flight_of(&[0]), 0);
-    }
-
-    #[test]
-    fn a_revoked_partition_hands_off_nothing_and_waits_for_enqueued_hand_offs() {
-        let p = Arc::new(Partitions::new("t".into(), 8));
-        p.assign(&[0]);
-        let generation = started(p.begin(0, 1));
-        let cutoff = p.ownership.cutoff(0, generation).expect("owned");
-        // A hand-off enqueued before the revoke, acknowledged 100 ms into it.
-        assert_eq!(p.ownership.enqueue(0, generation, || ()), Some(()));
-        let acker = {
-            let p = p.clone();
-            std::thread::spawn(move || {
-                std::thread::sleep(Duration::from_millis(100));
-                p.ownership.acked(0, generation);
-            })
-        };
-        let revoked = p.revoke(&[0], Duration::from_millis(50));
-        acker.join().expect("acker");
-        assert_eq!(revoked.unacked, 0, "the enqueued hand-off was waited for");
-        assert!(
-            revoked.cut && *cutoff.borrow(),
-            "the running attempt was cut short"
-        );
-        assert_eq!(
-            p.ownership.enqueue(0, generation, || ()),
-            None,
-            "no hand-off after"
-        );
-        p.assign(&[0]);
-        assert_eq!(
-            p.ownership.enqueue(0, generation, || ()),
-            None,
-            "nor under a new owner"
-        );
-    }
-
-    #[test]
-    fn revoke_waits_for_in_flight_events_up_to_its_bound() {
-        let p = Arc::new(Partitions::new("t".into(), 8));
-        let c = Arc::new(consumer(p.clone()));
-        p.assign(&[0]);
-        let generation = started(p.begin(0, 1));
-        let finisher = {
-            let (p, c) = (p.clone(), c.clone());
-            std::thread::spawn(move || {
-                std::thread::sleep(Duration::from_millis(100));
-                p.complete(&*c, 0, generation, 1);
-            })
-        };
-        let start = Instant::now();
-        assert_eq!(
-            p.revoke(&[0], Duration::from_secs(10)),
-            Revoked {
-                abandoned: 0,
-                cut: false,
-                unacked: 0
-            },
-            "drained"
-        );
-        assert!(start.elapsed() < Duration::from_secs(5));
-        finisher.join().expect("finisher");
-
-        p.assign(&[0]);
-        started(p.begin(0, 2));
-        let start = Instant::now();
-        let revoked = p.revoke(&[0], Duration::from_millis(200));
-        assert_eq!(
-            (revoked.abandoned, revoked.cut),
-            (1, true),
-            "cut short, then gave up"
-        );
-        assert!(
-            start.elapsed() >= Duration::from_millis(400),
-            "waited, then waited after the cut"
-        );
-    }
-
-    #[test]
-    fn out_of_order_completion_waits_for_the_head() {
-        let p = Arc::new(Partitions::new("t".into(), 8));
-        let c = consumer(p.clone());
-        p.assign(&[0]);
-        let generation = started(p.begin(0, 1));
-        started(p.begin(0, 2));
-        p.complete(&c, 0, generation, 2);
-        assert_eq!(p.in_flight_of(&[0]), 1, "1 unfinished");
-        assert_eq!(p.lock().progress.in_flight(0), 2, "2 waits behind 1");
-        p.complete(&c, 0, generation, 1);
-        assert_eq!(p.lock().progress.in_flight(0), 0);
     }
 }

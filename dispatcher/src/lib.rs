@@ -1,15 +1,20 @@
 //! hookline dispatcher: delivers events from `<p>.dispatch` to the endpoints they fan out to.
 //!
 //! Module map:
-//! - [`consumer`]: the stage itself — consume `<p>.dispatch`, fan out, first attempts through
-//!   the shared delivery path (`hookline-delivery`), per-partition windows and contiguous
-//!   offsets, rebalances, graceful drain.
-//! - `window`: the per-partition window (unfinished events, span cap, resume at half).
+//! - [`consumer`]: the stage loop — consume `<p>.dispatch`, fan out, first attempts through the
+//!   shared delivery path (`hookline-delivery`), flow control of full partitions, graceful drain.
+//! - `window`: the per-partition window and the owned partitions' state machine (begun events,
+//!   held records, pauses), pure logic with unit tests.
+//! - `partitions`: that state shared by the loop, the delivery tasks and the callbacks, applied
+//!   to the consumer (offsets stored, partitions paused and resumed).
+//! - `rebalance`: the consumer's rebalance callbacks (`hookline_common::rebalance`).
 //! - `metrics`: Prometheus metrics of the stage (`hookline_dispatcher_*`); attempts are counted
 //!   by the delivery path (`hookline_delivery_*{stage="dispatcher"}`).
 
 pub mod consumer;
 mod metrics;
+mod partitions;
+mod rebalance;
 mod window;
 
 use std::sync::Arc;

@@ -20,16 +20,15 @@
 use std::sync::Arc;
 
 use bytes::Bytes;
-use rdkafka::message::{Header, Headers, Message, OwnedHeaders};
+use rdkafka::message::{Headers, Message};
 use rdkafka::producer::FutureProducer;
 use tokio::sync::watch;
 
 use hookline_common::config::Config;
 use hookline_common::delivery::{DeadReason, DeliveryMeta};
-use hookline_common::headers as h;
 use hookline_common::ownership::{Claim, Ownership};
 use hookline_common::produce::{OwnedRecord, WriteGate};
-use hookline_common::quarantine;
+use hookline_common::quarantine::{Quarantine, Source};
 use hookline_common::topics::Topics;
 use hookline_delivery::{Delivery, DeliveryPath, Hop, HopError, Next, Origin, Turn, Why, Written};
 
@@ -57,32 +56,30 @@ pub(crate) struct Pending {
     /// The delivery metadata, or why it cannot be read.
     meta: Result<DeliveryMeta, String>,
     /// The record's own headers, kept only when the metadata cannot be read (to park it as is).
-    raw_headers: Option<OwnedHeaders>,
+    raw_headers: Option<Vec<(String, Option<Vec<u8>>)>>,
 }
 
 impl Pending {
     /// Decodes a record; returns it with its due time (a malformed record is due at once).
     pub(crate) fn from_message<M: Message>(m: &M) -> (i64, Pending) {
-        let meta =
-            DeliveryMeta::from_headers(|name| header_str(m, name)).map_err(|e| e.to_string());
+        let meta = DeliveryMeta::from_message(m).map_err(|e| e.to_string());
         let meta = match (meta, m.payload()) {
             (Ok(_), None) => Err("the record has no value (the event bytes)".to_string()),
             (meta, _) => meta,
         };
         let due_ms = meta.as_ref().map_or(0, |m| m.due_ms);
         let raw_headers = match (&meta, m.headers()) {
-            (Err(_), Some(hs)) => Some(hs.iter().fold(OwnedHeaders::new(), |out, hd| {
-                out.insert(Header {
-                    key: hd.key,
-                    value: hd.value,
-                })
-            })),
+            (Err(_), Some(hs)) => Some(
+                hs.iter()
+                    .map(|hd| (hd.key.to_string(), hd.value.map(<[u8]>::to_vec)))
+                    .collect(),
+            ),
             _ => None,
         };
         let pending = Pending {
             key: m.key().map(<[u8]>::to_vec),
             value: m.payload().map(Bytes::copy_from_slice),
-            dedupe_key: header_str(m, h::DEDUPE_KEY).map(str::to_string),
+            dedupe_key: DeliveryMeta::dedupe_key_of(m),
             meta,
             raw_headers,
         };
@@ -100,22 +97,6 @@ impl Pending {
     }
 }
 
-/// The UTF-8 value of the first header named `name`.
-pub(crate) fn header_str<'a, M: Message>(m: &'a M, name: &str) -> Option<&'a str> {
-    m.headers()?
-        .iter()
-        .find(|hd| hd.key == name)
-        .and_then(|hd| hd.value)
-        .and_then(|v| std::str::from_utf8(v).ok())
-}
-
-/// Where the record was read, for logs and the invalid topic's headers.
-pub(crate) struct Source<'a> {
-    pub(crate) topic: &'a str,
-    pub(crate) partition: i32,
-    pub(crate) offset: i64,
-}
-
 /// The ownership gate of the record's partition, in the generation the record was read in.
 pub(crate) struct Gate<'a> {
     pub(crate) ownership: &'a Ownership<Completion>,
@@ -130,16 +111,6 @@ pub(crate) enum Finished {
     /// Its partition was revoked before it could write: nothing written, offset not stored (the
     /// new owner handles the record).
     Revoked,
-}
-
-impl Source<'_> {
-    fn quarantine(&self) -> quarantine::Source<'_> {
-        quarantine::Source {
-            topic: self.topic,
-            partition: self.partition,
-            offset: self.offset,
-        }
-    }
 }
 
 /// Handles one due record to completion. An error means the record's offset must not be stored:
@@ -185,18 +156,18 @@ async fn handle(
                 .err()
                 .unwrap_or_else(|| "the record has no value (the event bytes)".to_string());
             metrics.emit_invalid(source.partition, source.offset, &problem);
-            let headers = invalid_headers(pending.raw_headers.as_ref(), &problem, source);
-            let record = OwnedRecord {
-                topic: stage.topics.invalid(),
-                partition: None,
-                key: pending.key,
-                value: value.map(|v| v.to_vec()),
-                headers,
-            };
+            let record = parked(
+                &stage.topics.invalid(),
+                pending.key.as_deref(),
+                pending.raw_headers.as_deref().unwrap_or_default(),
+                value.as_deref(),
+                &problem,
+                *source,
+            );
             return stage
                 .path
                 .writer()
-                .park(claim, record, &problem, source.quarantine())
+                .park(claim, record, &problem, *source)
                 .await;
         }
     };
@@ -208,7 +179,7 @@ async fn handle(
         dedupe_key: pending.dedupe_key,
     };
     let origin = Origin {
-        source: source.quarantine(),
+        source: *source,
         gate: claim,
         cutoff: Some(cutoff),
     };
@@ -242,46 +213,29 @@ async fn handle(
     Ok(())
 }
 
-/// The parked record's headers: its own (minus any quarantine headers it carried) plus the
-/// quarantine contract's reason, detail and source position.
-fn invalid_headers(raw: Option<&OwnedHeaders>, problem: &str, source: &Source<'_>) -> OwnedHeaders {
-    let ours = [
-        h::INVALID_REASON,
-        h::INVALID_DETAIL,
-        h::SOURCE_TOPIC,
-        h::SOURCE_PARTITION,
-        h::SOURCE_OFFSET,
-    ];
-    let mut out = OwnedHeaders::new();
-    if let Some(raw) = raw {
-        for hd in raw.iter().filter(|hd| !ours.contains(&hd.key)) {
-            out = out.insert(Header {
-                key: hd.key,
-                value: hd.value,
-            });
-        }
-    }
-    let partition = source.partition.to_string();
-    let offset = source.offset.to_string();
-    for (key, value) in [
-        (h::INVALID_REASON, BAD_DELIVERY_RECORD),
-        (h::INVALID_DETAIL, problem),
-        (h::SOURCE_TOPIC, source.topic),
-        (h::SOURCE_PARTITION, partition.as_str()),
-        (h::SOURCE_OFFSET, offset.as_str()),
-    ] {
-        out = out.insert(Header {
-            key,
-            value: Some(value.as_bytes()),
-        });
-    }
-    out
+/// An unreadable tier record as parked on `<p>.invalid`: whole, with its own headers and the
+/// quarantine headers (`bad_delivery_record`, the problem, the source position).
+fn parked(
+    invalid_topic: &str,
+    key: Option<&[u8]>,
+    headers: &[(String, Option<Vec<u8>>)],
+    value: Option<&[u8]>,
+    problem: &str,
+    source: Source<'_>,
+) -> OwnedRecord {
+    let quarantine = Quarantine {
+        reason: BAD_DELIVERY_RECORD,
+        detail: problem,
+        source,
+    };
+    quarantine.whole(invalid_topic, key, value, headers)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use rdkafka::message::OwnedMessage;
+    use hookline_common::headers as h;
+    use rdkafka::message::{Header, OwnedHeaders, OwnedMessage};
     use rdkafka::Timestamp;
 
     fn message(headers: &[(&str, &str)], value: Option<&[u8]>) -> OwnedMessage {
@@ -336,18 +290,22 @@ mod tests {
     fn unreadable_metadata_is_due_at_once_and_keeps_its_headers() {
         let (due, p) = Pending::from_message(&message(&[("x-trace", "t")], Some(b"{}")));
         assert_eq!(due, 0);
-        let problem = p.meta.expect_err("no metadata");
+        let problem = p.meta.as_ref().expect_err("no metadata").clone();
         assert!(problem.contains("hookline-attempt"), "{problem}");
-        let headers = invalid_headers(
-            p.raw_headers.as_ref(),
+        let record = parked(
+            "p.invalid",
+            p.key.as_deref(),
+            p.raw_headers.as_deref().unwrap_or_default(),
+            Some(b"{}"),
             &problem,
-            &Source {
+            Source {
                 topic: "p.retry.1m",
                 partition: 0,
                 offset: 7,
             },
         );
-        let got: Vec<(String, String)> = headers
+        let got: Vec<(String, String)> = record
+            .headers
             .iter()
             .map(|hd| {
                 (

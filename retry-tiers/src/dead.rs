@@ -17,10 +17,9 @@ use serde_json::{json, Value};
 use hookline_common::config::Config;
 use hookline_common::delivery::{self, DeliveryMeta};
 use hookline_common::glob::glob_match;
-use hookline_common::headers as h;
+use hookline_common::replays::ReplayRecord;
 use hookline_common::topics::Topics;
 
-use crate::attempt::header_str;
 use crate::read::{Range, TopicReader};
 
 /// Bytes of the body shown by `dead show`.
@@ -42,8 +41,7 @@ pub struct DeadRecord {
 
 impl DeadRecord {
     pub fn from_message(m: &OwnedMessage) -> DeadRecord {
-        let meta =
-            DeliveryMeta::from_headers(|name| header_str(m, name)).map_err(|e| e.to_string());
+        let meta = DeliveryMeta::from_message(m).map_err(|e| e.to_string());
         let other_headers = m
             .headers()
             .map(|hs| {
@@ -63,7 +61,7 @@ impl DeadRecord {
             offset: m.offset(),
             key: m.key().map(<[u8]>::to_vec),
             value: Bytes::copy_from_slice(m.payload().unwrap_or_default()),
-            dedupe_key: header_str(m, h::DEDUPE_KEY).map(str::to_string),
+            dedupe_key: DeliveryMeta::dedupe_key_of(m),
             meta,
             other_headers,
         }
@@ -326,7 +324,7 @@ fn write_table(
 }
 
 /// The JSON form of a dead letter; `replayed` is its entry in `<p>.replays`, if any.
-pub fn to_json(r: &DeadRecord, replayed: Option<&Value>, with_body: bool) -> Value {
+pub fn to_json(r: &DeadRecord, replayed: Option<&ReplayRecord>, with_body: bool) -> Value {
     let mut v = match &r.meta {
         Ok(m) => json!({
             "position": r.position(),
@@ -359,7 +357,7 @@ pub fn to_json(r: &DeadRecord, replayed: Option<&Value>, with_body: bool) -> Val
     };
     if let Some(obj) = v.as_object_mut() {
         if let Some(replayed) = replayed {
-            obj.insert("replayed".into(), replayed.clone());
+            obj.insert("replayed".into(), json!(replayed));
         }
         if with_body {
             obj.insert("headers".into(), json!(r.other_headers));
@@ -375,32 +373,28 @@ pub fn to_json(r: &DeadRecord, replayed: Option<&Value>, with_body: bool) -> Val
 }
 
 /// One line on a replay outcome recorded on `<p>.replays`.
-fn describe_replay(replayed: Option<&Value>) -> String {
-    let Some(v) = replayed else {
+fn describe_replay(replayed: Option<&ReplayRecord>) -> String {
+    let Some(r) = replayed else {
         return "no".into();
     };
-    let text = |k: &str| v.get(k).and_then(Value::as_str).unwrap_or("?").to_string();
-    let at = v
-        .get("finished_at_ms")
-        .and_then(Value::as_i64)
-        .map_or_else(|| "?".into(), rfc3339_ms);
-    let record = v.get("attempt_record");
-    let class = match record.and_then(|r| r.get("class")).and_then(Value::as_str) {
+    let result = if r.result.is_empty() { "?" } else { &r.result };
+    let at = if r.finished_at_ms > 0 {
+        rfc3339_ms(r.finished_at_ms)
+    } else {
+        "?".into()
+    };
+    let record = r.attempt_record.as_ref();
+    let class = match record.map(|a| a.class.as_str()) {
         Some("ok") => "status",
         Some(class) => class,
         None => "?",
     };
     let status = record
-        .and_then(|r| r.get("status"))
-        .and_then(Value::as_u64)
+        .and_then(|a| a.status)
         .map(|s| format!(" {s}"))
         .unwrap_or_default();
-    let attempt = v.get("attempt").and_then(Value::as_u64).unwrap_or(0);
-    let mut line = format!(
-        "{} at {at} (attempt {attempt}, {class}{status})",
-        text("result")
-    );
-    if let Some(topic) = v.get("returned_to").and_then(Value::as_str) {
+    let mut line = format!("{result} at {at} (attempt {}, {class}{status})", r.attempt);
+    if let Some(topic) = &r.returned_to {
         line.push_str(&format!(", returned to {topic}"));
     }
     line
@@ -440,7 +434,7 @@ pub async fn show(
             at.offset
         );
     };
-    let replays: HashMap<String, Value> = crate::replay::finished(config).await?;
+    let replays: HashMap<String, ReplayRecord> = crate::replay::finished(config).await?;
     let replayed = replays.get(&r.replay_key());
     if format == Format::Json {
         writeln!(out, "{}", to_json(&r, replayed, true))?;
@@ -635,13 +629,21 @@ mod tests {
     #[test]
     fn replay_outcomes_read_as_a_sentence() {
         assert_eq!(describe_replay(None), "no");
-        let v = json!({
-            "result": "failed",
-            "attempt": 8,
-            "finished_at_ms": 1_000,
-            "attempt_record": {"class": "http_status", "status": 500},
-            "returned_to": "p.dlq"
-        });
+        let v = ReplayRecord {
+            result: "failed".into(),
+            attempt: 8,
+            finished_at_ms: 1_000,
+            attempt_record: Some(hookline_common::delivery::AttemptRecord {
+                n: 8,
+                at_ms: 1_000,
+                duration_ms: 3,
+                status: Some(500),
+                class: "http_status".into(),
+                snippet: String::new(),
+            }),
+            returned_to: Some("p.dlq".into()),
+            ..ReplayRecord::default()
+        };
         assert_eq!(
             describe_replay(Some(&v)),
             "failed at 1970-01-01T00:00:01.000Z (attempt 8, http_status 500), returned to p.dlq"

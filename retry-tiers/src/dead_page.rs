@@ -11,7 +11,7 @@ use std::fmt;
 use std::str::FromStr;
 
 use bytes::Bytes;
-use serde_json::Value;
+use hookline_common::replays::ReplayRecord;
 
 use hookline_common::config::Config;
 
@@ -120,15 +120,13 @@ pub async fn one(config: &Config, at: DlqPosition) -> anyhow::Result<Option<Dead
 pub async fn open_by_endpoint(
     config: &Config,
     filter: &DeadFilter,
-    replays: &HashMap<String, Value>,
+    replays: &HashMap<String, ReplayRecord>,
 ) -> anyhow::Result<HashMap<String, u64>> {
     let mut counts: HashMap<String, u64> = HashMap::new();
     scan(config, filter, |r| {
         let delivered = replays
             .get(&r.replay_key())
-            .and_then(|v| v.get("result"))
-            .and_then(Value::as_str)
-            == Some("delivered");
+            .is_some_and(ReplayRecord::delivered);
         if let (Ok(m), false) = (&r.meta, delivered) {
             *counts.entry(m.endpoint_id.clone()).or_default() += 1;
         }

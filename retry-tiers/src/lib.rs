@@ -6,6 +6,7 @@
 //!   per tier; waits for each record's due time without sleeping in the poll loop, attempts due
 //!   records concurrently through the shared delivery path (`hookline-delivery`), which hands
 //!   failures to the next tier or `<p>.dlq`.
+//! - `rebalance`: a tier consumer's rebalance callbacks (`hookline_common::rebalance`).
 //! - `waiting`: per-partition bookkeeping of a tier worker (held records, head barrier, pause
 //!   decisions, contiguous completed offsets), pure logic.
 //! - `attempt`: one due record — decoded and given to the delivery path, or parked on
@@ -27,6 +28,7 @@ mod due;
 mod metrics;
 mod orphans;
 mod read;
+mod rebalance;
 pub mod replay;
 mod tier;
 mod waiting;
@@ -74,7 +76,7 @@ pub async fn run(
 /// Runs the worker of every tier of `retry.schedule` and of every orphan tier (a
 /// `<p>.retry.<tier>` topic the schedule no longer has, found at start and every minute), or only
 /// the tiers named in `tiers` (e.g. `["5m"]`, an orphan's name included), until shutdown: stop
-/// fetching, let in-flight attempts finish and hand off within `dispatcher.shutdown_grace`,
+/// fetching, let in-flight attempts finish and hand off within `tiers.shutdown_grace`,
 /// commit, return. The first tier to fail stops the others and its error is returned.
 pub async fn run_with(
     config: Arc<Config>,
@@ -110,7 +112,7 @@ pub async fn run_with(
     // tier counts its attempts as `stage="retry.<tier>"`.
     let engine = Engine::new(
         &config.http,
-        config.dispatcher.endpoint_concurrency,
+        config.tiers.endpoint_concurrency,
         &registry,
         "retry",
     )

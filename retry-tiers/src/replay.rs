@@ -35,7 +35,6 @@ use anyhow::Context as _;
 use rdkafka::message::{Message, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, Producer};
 use rdkafka::util::Timeout;
-use serde_json::{json, Value};
 use tokio::task::JoinSet;
 
 use bytes::Bytes;
@@ -49,6 +48,7 @@ use hookline_common::delivery::DeadReason;
 use hookline_common::kafka::producer_config;
 use hookline_common::produce::{self, OwnedRecord, ProduceErrors, Ungated};
 use hookline_common::quarantine::Source;
+use hookline_common::replays::{self, ReplayRecord};
 use hookline_common::topics::Topics;
 use hookline_delivery::outcome::attempt_record;
 use hookline_delivery::{
@@ -204,7 +204,7 @@ impl Replays {
     ) -> anyhow::Result<Replays> {
         let engine = Engine::new(
             &config.http,
-            config.dispatcher.endpoint_concurrency,
+            config.tiers.endpoint_concurrency,
             registry,
             "replay",
         )
@@ -506,23 +506,28 @@ impl Replayer {
             (None, next) => anyhow::bail!("replay {key} ended without an attempt: {next:?}"),
         };
         let meta = report.meta;
-        let done = json!({
-            "replay_key": key,
-            "position": record_position(&key),
-            "endpoint_id": meta.endpoint_id,
-            "event_id": meta.event_id,
-            "attempt": attempt,
-            "result": if outcome.result.is_delivered() { "delivered" } else { "failed" },
-            "attempt_record": attempt_record(&outcome),
-            "returned_to": returned_to,
-            "with_retries": self.with_retries,
-            "finished_at_ms": now_ms(),
-        });
+        let done = ReplayRecord {
+            replay_key: key.clone(),
+            position: record_position(&key).to_string(),
+            endpoint_id: meta.endpoint_id.clone(),
+            event_id: meta.event_id.clone(),
+            attempt,
+            result: if outcome.result.is_delivered() {
+                replays::DELIVERED
+            } else {
+                replays::FAILED
+            }
+            .to_string(),
+            attempt_record: Some(attempt_record(&outcome)),
+            returned_to: returned_to.clone(),
+            with_retries: self.with_retries,
+            finished_at_ms: now_ms(),
+        };
         let finished = OwnedRecord {
             topic: self.topics.replays(),
             partition: None,
             key: Some(key.as_bytes().to_vec()),
-            value: Some(done.to_string().into_bytes()),
+            value: Some(done.to_bytes()),
             headers: OwnedHeaders::new(),
         };
         let writer = self.path.writer();
@@ -550,8 +555,8 @@ fn record_position(key: &str) -> &str {
     key.strip_prefix("dlq:").unwrap_or(key)
 }
 
-/// Every finished replay on `<p>.replays`: replay key → outcome JSON.
-pub async fn finished(config: &Config) -> anyhow::Result<HashMap<String, Value>> {
+/// Every finished replay on `<p>.replays`: replay key → its record.
+pub async fn finished(config: &Config) -> anyhow::Result<HashMap<String, ReplayRecord>> {
     let topic = Topics::new(&config.topics.prefix).replays();
     let mut reader = TopicReader::open(config, &topic, &Range::default()).await?;
     let mut done = HashMap::new();
@@ -565,9 +570,7 @@ pub async fn finished(config: &Config) -> anyhow::Result<HashMap<String, Value>>
                 done.remove(key);
             }
             Some(v) => {
-                let value = serde_json::from_slice(v)
-                    .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(v).into_owned()));
-                done.insert(key.to_string(), value);
+                done.insert(key.to_string(), ReplayRecord::from_bytes(v));
             }
         }
     }

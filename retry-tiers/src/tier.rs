@@ -5,56 +5,51 @@
 //! is, by a timer in this loop. The loop never sleeps and never stops polling the consumer (a
 //! tick at most [`TICK`] apart keeps it polling while every partition is paused), so the consumer
 //! is never evicted for exceeding `max.poll.interval.ms`. Due records are attempted concurrently
-//! (up to `dispatcher.max_in_flight_per_partition` per partition) as tasks; the offset stored is
+//! (up to `tiers.max_in_flight_per_partition` per partition) as tasks; the offset stored is
 //! the contiguous completed prefix, committed in the background.
 //!
 //! Stopping: fetching stops, records not started are forgotten (never stored, so re-read), the
-//! in-flight ones finish within `dispatcher.shutdown_grace`; attempts still running then are cut
+//! in-flight ones finish within `tiers.shutdown_grace`; attempts still running then are cut
 //! short, recorded as a `timeout` and handed off; then offsets are committed.
 //!
-//! Rebalances: librdkafka keeps a partition's pause state across a rebalance, so every assigned
-//! partition is resumed explicitly in the assign callback. A revoked partition's held records and
-//! timer are dropped (the state is keyed by an assignment generation, so a late completion or a
-//! timer never touches a partition this worker no longer owns or owns again since).
-//!
-//! A rebalance never forks a retry chain: every write of a record's handling (next tier, dead
-//! letter) goes through its partition's ownership gate ([`Ownership`]), and the revoke callback
-//! (which blocks, off the async runtime's worker slot) waits a bounded time for the partition's
-//! in-flight records, cuts the ones still running short (handed off as `timeout`), closes the
-//! gate, waits for the enqueued writes to be acknowledged, stores the completed prefix (tracked by
-//! the record tasks themselves in [`Completion`], since the loop is inside the callback) and
-//! commits. So the new owner re-attempts only records whose handling wrote nothing.
+//! Rebalances (`crate::rebalance`, the one way every consumer stage handles them): the callbacks
+//! resume assigned partitions, run the bounded revoke protocol and post the changes; the loop
+//! applies them right after `recv()`. A revoked partition's held records and timer are dropped
+//! (the state is keyed by an assignment generation, so a late completion or a timer never touches
+//! a partition this worker no longer owns or owns again since). A rebalance never forks a retry
+//! chain: every write of a record's handling (next tier, dead letter) goes through its
+//! partition's ownership gate ([`Ownership`]).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
-use hookline_common::ownership::{can_block_here, Ownership};
+use hookline_common::ownership::Ownership;
 use hookline_common::progress::PartitionProgress;
+use hookline_common::rebalance::{self, Inbox, Rebalanced};
 
 use anyhow::Context as _;
-use rdkafka::client::ClientContext;
-use rdkafka::consumer::{
-    BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance, StreamConsumer,
-};
+use rdkafka::consumer::{Consumer, StreamConsumer};
 use rdkafka::error::KafkaError;
 use rdkafka::message::Message;
 use rdkafka::{Offset, TopicPartitionList};
-use tokio::sync::{watch, Notify};
+use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
-use hookline_common::delivery::now_ms;
+use hookline_common::clock::now_ms;
 use hookline_common::kafka::consumer_config;
 use hookline_common::ops::StageProbe;
 use hookline_common::shutdown::Shutdown;
 use hookline_delivery::HopError;
 
-use crate::attempt::{self, Finished, Gate, Pending, Source, Stage};
+use crate::attempt::{self, Finished, Gate, Pending, Stage};
 use crate::due::DueBound;
 use crate::metrics::TierMetrics;
+use crate::rebalance::{TierContext, REVOKE_WAIT_CAP};
 use crate::waiting::{PartitionWaiting, LOOKAHEAD_MS};
+use hookline_common::quarantine::Source;
 
 /// Longest the loop goes without polling the consumer (rebalance callbacks, liveness).
 pub(crate) const TICK: Duration = Duration::from_millis(500);
@@ -63,14 +58,6 @@ pub(crate) const TICK: Duration = Duration::from_millis(500);
 /// hop before the worker gives up on them (they are then attempted again after the restart).
 const HANDOFF_DRAIN: Duration = Duration::from_secs(10);
 
-/// Longest a revoke waits for the revoked partitions' in-flight records (also bounded by
-/// `dispatcher.shutdown_grace`), and then again for the ones cut short to hand off. The group's
-/// other members wait for this member meanwhile; well below the session timeout.
-const REVOKE_WAIT_CAP: Duration = Duration::from_secs(10);
-
-/// At a revoke, after the gate closed: how long enqueued writes get to be acknowledged.
-const REVOKE_ACK_WAIT: Duration = Duration::from_secs(10);
-
 /// What the record tasks of one owned partition completed, kept under the ownership lock so the
 /// revoke callback can store it while the loop waits inside `recv()`.
 #[derive(Debug, Default)]
@@ -78,6 +65,18 @@ pub(crate) struct Completion {
     progress: PartitionProgress,
     /// Offset to store: end of the contiguous completed prefix, once it moved.
     next: Option<i64>,
+}
+
+impl Completion {
+    /// Records begun and not completed.
+    pub(crate) fn unfinished(&self) -> usize {
+        self.progress.unfinished()
+    }
+
+    /// The offset to store, once the completed prefix moved.
+    pub(crate) fn next(&self) -> Option<i64> {
+        self.next
+    }
 }
 
 /// One tier: its name (`5m`) and topic (`<p>.retry.5m`).
@@ -89,148 +88,6 @@ pub(crate) struct Tier {
     pub(crate) bound: DueBound,
     /// Not in the current schedule: its records are drained (see `crate::orphans`).
     pub(crate) orphan: bool,
-}
-
-/// Assignment changes seen by the rebalance callbacks, applied by the loop.
-#[derive(Debug)]
-enum Rebalanced {
-    Assigned(Vec<i32>),
-    Revoked(Vec<i32>),
-}
-
-/// The consumer's context. Its callbacks run inside `recv()` on the loop's task; they record
-/// what changed (and resume assigned partitions) and wake the loop. Only a revoke blocks, a
-/// bounded time, to close the partitions' gates after their work handed off (see the module doc).
-struct TierContext {
-    tier: String,
-    topic: String,
-    changes: Mutex<Vec<Rebalanced>>,
-    /// Wakes the loop to apply `changes` (the callback itself does not end `recv()`).
-    changed: Notify,
-    /// Made unready at once when the assignment is lost (ready again on the next assignment).
-    probe: StageProbe,
-    ownership: Arc<Ownership<Completion>>,
-    /// `min(dispatcher.shutdown_grace, REVOKE_WAIT_CAP)`.
-    revoke_wait: Duration,
-    /// Set once the record tasks are gone (closing): a revoke has nothing left to wait for.
-    closing: AtomicBool,
-}
-
-impl TierContext {
-    fn record(&self, change: Rebalanced) {
-        match self.changes.lock() {
-            Ok(mut changes) => changes.push(change),
-            Err(poisoned) => poisoned.into_inner().push(change),
-        }
-        self.changed.notify_one();
-    }
-
-    fn take(&self) -> Vec<Rebalanced> {
-        match self.changes.lock() {
-            Ok(mut changes) => std::mem::take(&mut *changes),
-            Err(poisoned) => std::mem::take(&mut *poisoned.into_inner()),
-        }
-    }
-}
-
-impl TierContext {
-    /// Revokes partitions so that no write of their work appears afterwards and every
-    /// acknowledged one is covered by the committed offsets: wait for their in-flight records,
-    /// cut the rest short, close the gates, wait for the enqueued writes, store and commit.
-    /// A lost assignment (or a closing worker) closes the gates at once and commits nothing.
-    fn revoke(&self, consumer: &BaseConsumer<Self>, ids: &[i32]) {
-        if ids.is_empty() {
-            return;
-        }
-        let lost = consumer.assignment_lost();
-        let closing = self.closing.load(Ordering::Relaxed);
-        if lost || closing || !can_block_here() {
-            self.ownership.close(ids);
-            self.ownership.remove(ids);
-            if lost {
-                tracing::warn!(tier = %self.tier, partitions = ?ids, "partitions lost; their unfinished records are left to the new owner");
-            }
-            return;
-        }
-        let idle = |c: &Completion| c.progress.unfinished() == 0;
-        let (drained, unacked) = tokio::task::block_in_place(|| {
-            let mut drained = self.ownership.wait_until(ids, self.revoke_wait, idle);
-            if !drained {
-                self.ownership.cut(ids);
-                drained = self.ownership.wait_until(ids, self.revoke_wait, idle);
-            }
-            self.ownership.close(ids);
-            (drained, self.ownership.wait_acked(ids, REVOKE_ACK_WAIT))
-        });
-        let mut tpl = TopicPartitionList::new();
-        for (partition, completion) in self.ownership.remove(ids) {
-            if let Some(next) = completion.next {
-                if let Err(e) =
-                    tpl.add_partition_offset(&self.topic, partition, Offset::Offset(next))
-                {
-                    tracing::warn!(tier = %self.tier, partition, error = %e, "cannot build an offset list");
-                }
-            }
-        }
-        if tpl.count() > 0 {
-            if let Err(e) = consumer.store_offsets(&tpl) {
-                tracing::debug!(tier = %self.tier, error = %e, "offsets not stored at revoke");
-            }
-        }
-        match consumer.commit_consumer_state(CommitMode::Sync) {
-            Ok(())
-            | Err(KafkaError::ConsumerCommit(rdkafka::types::RDKafkaErrorCode::NoOffset)) => {}
-            Err(e) => tracing::warn!(tier = %self.tier, error = %e, "commit on revoke failed"),
-        }
-        if drained && unacked == 0 {
-            tracing::info!(tier = %self.tier, partitions = ?ids, "partitions revoked");
-        } else {
-            tracing::warn!(
-                tier = %self.tier,
-                partitions = ?ids,
-                unacknowledged = unacked,
-                "partitions revoked with records unfinished; the new owner attempts them again"
-            );
-        }
-    }
-}
-
-fn partitions(tpl: &TopicPartitionList) -> Vec<i32> {
-    tpl.elements().iter().map(|e| e.partition()).collect()
-}
-
-impl ClientContext for TierContext {}
-
-impl ConsumerContext for TierContext {
-    fn pre_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
-        if let Rebalance::Revoke(tpl) = rebalance {
-            if consumer.assignment_lost() {
-                self.probe.set_ready(false);
-            }
-            let ids = partitions(tpl);
-            self.revoke(consumer, &ids);
-            self.record(Rebalanced::Revoked(ids));
-        }
-    }
-
-    fn post_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
-        match rebalance {
-            Rebalance::Assign(tpl) => {
-                // A partition paused before it was revoked would otherwise come back paused and
-                // never be fetched again.
-                if tpl.count() > 0 {
-                    if let Err(e) = consumer.resume(tpl) {
-                        tracing::warn!(tier = %self.tier, error = %e, "resuming assigned partitions failed");
-                    }
-                }
-                self.record(Rebalanced::Assigned(partitions(tpl)));
-            }
-            Rebalance::Revoke(_) => {}
-            Rebalance::Error(e) => {
-                tracing::warn!(tier = %self.tier, error = %e, "rebalance error");
-            }
-        }
-    }
 }
 
 /// A partition this worker owns, for one assignment generation.
@@ -279,11 +136,10 @@ pub(crate) async fn run(
     let context = TierContext {
         tier: tier.name.clone(),
         topic: tier.topic.clone(),
-        changes: Mutex::new(Vec::new()),
-        changed: Notify::new(),
+        inbox: Inbox::default(),
         probe: ready.clone(),
         ownership: ownership.clone(),
-        revoke_wait: config.dispatcher.shutdown_grace.min(REVOKE_WAIT_CAP),
+        revoke_wait: config.tiers.shutdown_grace.min(REVOKE_WAIT_CAP),
         closing: AtomicBool::new(false),
     };
     let consumer: StreamConsumer<TierContext> =
@@ -300,14 +156,14 @@ pub(crate) async fn run(
         tier: Arc::new(tier),
         metrics,
         consumer,
-        cap: config.dispatcher.max_in_flight_per_partition.max(1),
+        cap: config.tiers.max_in_flight_per_partition.max(1),
         parts: HashMap::new(),
         ownership,
         tasks: JoinSet::new(),
         cut: false,
         ready,
     };
-    let result = worker.run(shutdown, config.dispatcher.shutdown_grace).await;
+    let result = worker.run(shutdown, config.tiers.shutdown_grace).await;
     worker.tasks.shutdown().await;
     worker
         .consumer
@@ -323,14 +179,12 @@ pub(crate) async fn run(
     // with the cluster unreachable): bounded, off the runtime.
     let tier_name = tier.clone();
     hookline_common::closing::close("a tier consumer", move || {
-        match consumer.commit_consumer_state(CommitMode::Sync) {
-            Ok(()) => {}
-            Err(KafkaError::ConsumerCommit(rdkafka::types::RDKafkaErrorCode::NoOffset)) => {}
-            Err(e) => tracing::warn!(
+        if let Err(e) = rebalance::commit(&consumer) {
+            tracing::warn!(
                 tier = %tier_name,
                 error = %e,
                 "final offset commit failed; finished records after the last commit will be attempted again"
-            ),
+            );
         }
         drop(consumer);
     })
@@ -398,7 +252,7 @@ impl Worker {
                     Wake::Finished(finished)
                 }
                 _ = tokio::time::sleep_until(wake_at) => Wake::Recheck,
-                () = self.consumer.context().changed.notified() => Wake::Recheck,
+                () = self.consumer.context().inbox.posted() => Wake::Recheck,
                 received = self.consumer.recv() => Wake::Received(received.map(|m| {
                     let (_, pending) = Pending::from_message(&m);
                     let due = bound.due(
@@ -568,17 +422,10 @@ impl Worker {
     }
 
     fn apply_rebalances(&mut self) {
-        for change in self.consumer.context().take() {
+        for change in self.consumer.context().inbox.take() {
             match change {
-                Rebalanced::Assigned(list) => {
-                    for &partition in &list {
-                        // An incremental assign lists new partitions only. Were an owned one
-                        // listed again, its held records must stay: librdkafka's position is
-                        // already past them.
-                        if self.parts.contains_key(&partition) {
-                            continue;
-                        }
-                        let generation = self.ownership.assign(partition);
+                Rebalanced::Assigned(assigned) => {
+                    for (partition, generation) in assigned {
                         self.parts.insert(
                             partition,
                             Part {
@@ -587,8 +434,6 @@ impl Worker {
                             },
                         );
                     }
-                    tracing::info!(tier = %self.tier.name, partitions = ?list, "partitions assigned");
-                    self.ready.set_ready(true);
                 }
                 Rebalanced::Revoked(list) => {
                     for &partition in &list {

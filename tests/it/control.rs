@@ -23,8 +23,8 @@ fn keyring(key: &str) -> Keyring {
 fn def(id: &str, url: &str) -> EndpointConfig {
     EndpointConfig {
         id: id.into(),
-        url: url.into(),
-        secrets: vec![SECRET.into()],
+        url: hookline_common::config::EndpointUrl::parse(url).expect("url"),
+        secrets: vec![hookline_common::config::Secret::parse(SECRET).expect("secret")],
         tenant: Some("acme".into()),
         event_types: vec!["order.*".into()],
         enabled: true,
@@ -317,8 +317,12 @@ async fn seeding_follows_the_file_and_a_missing_key_disables_api_endpoints_rathe
     .expect("starts and seeds without a key");
     let f1 = blind.get("f1").expect("visible");
     assert_eq!(f1.problem, None);
-    assert_eq!(f1.config_at(now_ms()).secrets, vec![SECRET.to_string()]);
-    assert!(f1.config_at(now_ms()).enabled);
+    let f1_now = f1.config_at(now_ms()).expect("parses");
+    assert_eq!(
+        f1_now.secrets,
+        vec![hookline_common::config::Secret::parse(SECRET).expect("secret")]
+    );
+    assert!(f1_now.enabled);
     let api = blind.get("api-made").expect("visible");
     assert!(
         api.problem
@@ -327,7 +331,7 @@ async fn seeding_follows_the_file_and_a_missing_key_disables_api_endpoints_rathe
         "{:?}",
         api.problem
     );
-    assert!(!api.config_at(now_ms()).enabled);
+    assert!(!api.config_at(now_ms()).expect("parses").enabled);
     let no_key = blind.create(def("x", "https://x.example/")).await;
     assert!(matches!(no_key, Err(WriteError::Crypto(_))), "{no_key:?}");
 }
