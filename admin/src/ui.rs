@@ -84,6 +84,8 @@ fn health(h: &HealthReport) -> Health {
         last_attempt_at: h.last_attempt.as_ref().map(|a| dead::rfc3339_ms(a.at_ms)),
         consecutive_failures: h.consecutive_failures,
         failing_since: h.failing_since_ms.map(dead::rfc3339_ms),
+        pending_retries: h.pending_retries,
+        oldest_pending_retry: h.oldest_pending_retry_ms.map(dead::rfc3339_ms),
     }
 }
 

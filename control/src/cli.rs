@@ -430,6 +430,8 @@ fn print_health(
                 r.consecutive_failures.to_string(),
                 time(r.failing_since_ms),
                 time(r.last_success_at_ms),
+                r.pending_retries.to_string(),
+                time(r.oldest_pending_retry_ms),
                 r.dead.to_string(),
             ]
         })
@@ -445,6 +447,8 @@ fn print_health(
             "FAILURES",
             "FAILING SINCE",
             "LAST SUCCESS",
+            "WAITING",
+            "OLDEST WAITING",
             "DEAD",
         ],
         &rows,

@@ -9,7 +9,7 @@
 //!   arrive out of time order by up to [`REORDER_HORIZON_MS`] (partitions read at different
 //!   speeds); failures older than that are folded into a count and their first time.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
 use serde::Serialize;
@@ -71,7 +71,13 @@ pub struct EndpointHealth {
     folded: Option<(u64, i64, i64)>,
     latest_ms: i64,
     total: u64,
+    /// Deliveries waiting in a retry tier: event id → (attempt number, when that attempt
+    /// handed it to the tier). At most [`PENDING_CAP`]; the oldest stay (they are the answer).
+    pending: HashMap<String, (u32, i64)>,
 }
+
+/// Most waiting deliveries tracked per endpoint for [`HealthReport::oldest_pending_retry_ms`].
+pub const PENDING_CAP: usize = 100_000;
 
 /// Health of one endpoint at a time (`hookline endpoints health`, the admin API).
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -88,6 +94,10 @@ pub struct HealthReport {
     pub last_success_at_ms: Option<i64>,
     pub consecutive_failures: u64,
     pub failing_since_ms: Option<i64>,
+    /// Deliveries waiting in a retry tier after a failed attempt (read since the lookback).
+    pub pending_retries: u64,
+    /// When the longest-waiting of them was handed to its tier.
+    pub oldest_pending_retry_ms: Option<i64>,
     /// Dead letters of this endpoint on `<p>.dlq`.
     pub dead: u64,
     /// Attempts read (since the tracker's lookback).
@@ -98,6 +108,23 @@ impl EndpointHealth {
     /// Takes one attempt into account.
     pub fn observe(&mut self, a: &Attempt, window: &Window) {
         self.total += 1;
+        // Waiting in a tier after this attempt, unless a later attempt was already seen. (An
+        // event's attempts arrive in order: its records share a partition, keyed by event id.)
+        let later_seen = self
+            .pending
+            .get(&a.event_id)
+            .is_some_and(|(n, _)| *n > a.attempt);
+        if !later_seen {
+            let to_tier = a.next.as_deref().is_some_and(|n| n.starts_with("retry."));
+            if to_tier {
+                if self.pending.len() < PENDING_CAP || self.pending.contains_key(&a.event_id) {
+                    self.pending
+                        .insert(a.event_id.clone(), (a.attempt, a.at_ms));
+                }
+            } else {
+                self.pending.remove(&a.event_id);
+            }
+        }
         self.latest_ms = self.latest_ms.max(a.at_ms);
         let ok = a.outcome == Outcome::Delivered;
         self.recent
@@ -181,6 +208,8 @@ impl EndpointHealth {
             last_error: self.last_failure.clone(),
             last_success_at_ms: self.last_success_ms,
             consecutive_failures: consecutive,
+            pending_retries: self.pending.len() as u64,
+            oldest_pending_retry_ms: self.pending.values().map(|(_, at)| *at).min(),
             failing_since_ms: failing_since,
             dead,
             attempts_read: self.total,
@@ -231,6 +260,34 @@ mod tests {
             next: None,
             instance: "p".into(),
         }
+    }
+
+    #[test]
+    fn pending_retries_are_deliveries_whose_latest_attempt_went_to_a_tier() {
+        let retry = |event: &str, n: u32, at: i64, next: Option<&str>| Attempt {
+            attempt: n,
+            next: next.map(str::to_string),
+            ..attempt(event, at, next.is_none())
+        };
+        let mut h = EndpointHealth::default();
+        for a in [
+            retry("e1", 1, 1_000, Some("retry.1m")),
+            retry("e2", 1, 2_000, Some("retry.1m")),
+            retry("e2", 2, 62_000, Some("retry.5m")),
+            retry("e3", 1, 3_000, Some("retry.1m")),
+            retry("e3", 2, 63_000, None), // delivered
+            // An event's attempts are read in order (one partition: the key is the event id).
+            retry("e4", 1, 4_000, Some("retry.1m")),
+            retry("e4", 2, 64_000, Some("dlq")),
+        ] {
+            h.observe(&a, &W);
+        }
+        let r = h.report("crm", 70_000, &W, 0);
+        assert_eq!(
+            r.pending_retries, 2,
+            "e1 and e2 wait; e3 delivered, e4 dead"
+        );
+        assert_eq!(r.oldest_pending_retry_ms, Some(1_000));
     }
 
     fn report(attempts: &[Attempt], now: i64) -> HealthReport {

@@ -52,6 +52,9 @@ pub struct Health {
     pub consecutive_failures: u64,
     /// RFC 3339: when the current run of failures began.
     pub failing_since: Option<String>,
+    /// Deliveries waiting in a retry tier, and since when the longest-waiting one (RFC 3339).
+    pub pending_retries: u64,
+    pub oldest_pending_retry: Option<String>,
 }
 
 /// One attempt from the delivery log.

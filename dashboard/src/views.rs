@@ -187,6 +187,8 @@ pub fn endpoint(row: &EndpointRow, attempts: &[AttemptRow]) -> Markup {
             tr { th { "last error" } td { (row.health.last_error.as_deref().unwrap_or("—")) } }
             tr { th { "failures in a row" } td { (row.health.consecutive_failures) } }
             tr { th { "failing since" } td { (row.health.failing_since.as_deref().unwrap_or("—")) } }
+            tr { th { "waiting to retry" } td { (row.health.pending_retries)
+                @if let Some(at) = &row.health.oldest_pending_retry { span.muted { ", the oldest since " (at) } } } }
         }
         h2 { "Recent attempts" }
         (attempt_table(attempts, "attempts"))
