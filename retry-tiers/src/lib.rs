@@ -1,5 +1,6 @@
-//! hookline retry tiers: the delayed re-attempts of failed deliveries, the dead-letter topic, and
-//! the tools around it.
+//! hookline retry tiers: the delayed re-attempts of failed deliveries, up to the dead-letter
+//! topic. (The operator tools on the dead-letter topic — `dead list/show`, replay — are the
+//! `hookline-tools` crate.)
 //!
 //! Module map:
 //! - [`tier`] (via [`run`]): one worker per tier topic `<p>.retry.<tier>`, one consumer group
@@ -13,23 +14,13 @@
 //!   `<p>.invalid` when unreadable.
 //! - `due`: when a record is due (its recorded due time, capped against a fast clock).
 //! - `orphans`: tier topics no longer in `retry.schedule`, found on the broker and drained.
-//! - [`dead`]: reading the dead-letter topic, filters, `hookline dead list/show`.
-//! - [`replay`]: `hookline replay`, idempotent by replay key (`dlq:<partition>:<offset>`) recorded
-//!   on the compacted `<p>.replays`.
-//! - [`cli`]: the command-line arguments of `replay` and `dead`.
-//! - `read`: reading a topic from given offsets up to the end it had when reading started.
 //! - `metrics`: `hookline_retry_*`.
 
 mod attempt;
-pub mod cli;
-pub mod dead;
-pub mod dead_page;
 mod due;
 mod metrics;
 mod orphans;
-mod read;
 mod rebalance;
-pub mod replay;
 mod tier;
 mod waiting;
 
