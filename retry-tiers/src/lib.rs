@@ -37,7 +37,7 @@ use hookline_common::config::{tier_name, Config};
 use hookline_common::kafka::producer_config;
 use hookline_common::ops::{Readiness, StageProbe};
 use hookline_common::produce::ProduceErrors;
-use hookline_common::shutdown::{self, Shutdown};
+use hookline_common::shutdown::Shutdown;
 use hookline_common::topics::Topics;
 use hookline_delivery::{DeliveryPath, Engine, HopWriter, LiveEndpoints};
 
@@ -106,14 +106,7 @@ pub async fn run(
     });
 
     // One stop signal for every tier: the process's shutdown, or the first tier that fails.
-    let (stop_all, stop) = shutdown::channel();
-    let forward = {
-        let (mut shutdown, stop_all) = (shutdown, stop_all.clone());
-        tokio::spawn(async move {
-            shutdown.wait().await;
-            stop_all.trigger();
-        })
-    };
+    let (stop_all, stop) = shutdown.child();
     let mut workers = JoinSet::new();
     let mut running = BTreeSet::new();
     for tier in selected {
@@ -206,7 +199,6 @@ pub async fn run(
             }
         }
     }
-    forward.abort();
     let producer = stage.producer.clone();
     let _ = tokio::task::spawn_blocking(move || {
         producer.flush(Timeout::After(Duration::from_secs(10)))
