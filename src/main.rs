@@ -55,11 +55,11 @@ enum Command {
         command: AdminCommand,
     },
     /// Send dead deliveries again (one fresh attempt each; idempotent by DLQ position).
-    Replay(hookline_retry_tiers::cli::ReplayArgs),
+    Replay(hookline_tools::cli::ReplayArgs),
     /// Browse dead deliveries.
     Dead {
         #[command(subcommand)]
-        command: hookline_retry_tiers::cli::DeadCommand,
+        command: hookline_tools::cli::DeadCommand,
     },
     /// Live endpoints on `<p>.endpoints` (against Kafka directly): list, add, update, disable,
     /// enable, delete, rotate-secret, health, reencrypt.
@@ -290,18 +290,16 @@ async fn run_command(
             .map(|()| ExitCode::SUCCESS),
         // Exit 0 only when everything selected was delivered or already replayed; the summary's
         // last line says why not.
-        Command::Replay(args) => {
-            hookline_retry_tiers::cli::replay(config, args)
-                .await
-                .map(|summary| {
-                    if summary.all_done() {
-                        ExitCode::SUCCESS
-                    } else {
-                        ExitCode::from(hookline_retry_tiers::replay::EXIT_NOT_ALL_DELIVERED)
-                    }
-                })
-        }
-        Command::Dead { command } => hookline_retry_tiers::cli::dead(config, command)
+        Command::Replay(args) => hookline_tools::cli::replay(config, args)
+            .await
+            .map(|summary| {
+                if summary.all_done() {
+                    ExitCode::SUCCESS
+                } else {
+                    ExitCode::from(hookline_tools::replay::EXIT_NOT_ALL_DELIVERED)
+                }
+            }),
+        Command::Dead { command } => hookline_tools::cli::dead(config, command)
             .await
             .map(|()| ExitCode::SUCCESS),
         Command::Endpoints { command } => hookline_control::cli::endpoints(config, command)

@@ -14,9 +14,9 @@ use serde_json::Value;
 use utoipa::{IntoParams, ToSchema};
 
 use hookline_common::config::Config;
-use hookline_retry_tiers::dead::{self, DeadFilter, DeadRecord, DlqPosition};
-use hookline_retry_tiers::dead_page::{self, Cursor};
-use hookline_retry_tiers::replay::{self, ReplayOptions, ReplaySummary, Replays};
+use hookline_tools::dead::{self, DeadFilter, DeadRecord, DlqPosition};
+use hookline_tools::dead_page::{self, Cursor};
+use hookline_tools::replay::{self, ReplayOptions, ReplaySummary, Replays};
 
 use crate::auth::Caller;
 

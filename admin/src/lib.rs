@@ -37,7 +37,7 @@ use hookline_common::ops::{Readiness, StageProbe};
 use hookline_common::shutdown::Shutdown;
 use hookline_control::Plane;
 use hookline_ingest::Ingest;
-use hookline_retry_tiers::replay::Replays;
+use hookline_tools::replay::Replays;
 
 use crate::auth::Tokens;
 

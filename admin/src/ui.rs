@@ -16,9 +16,9 @@ use hookline_dashboard::{
     AttemptRow, Backend, Counters, DeadDetail, DeadFilter, DeadPage, DeadRow, EndpointRow, Health,
     Problem, ReplayOutcome, Scope,
 };
-use hookline_retry_tiers::dead::{self, DeadRecord};
-use hookline_retry_tiers::dead_page::{self, Cursor};
-use hookline_retry_tiers::replay::{self, ReplayOptions, Replays};
+use hookline_tools::dead::{self, DeadRecord};
+use hookline_tools::dead_page::{self, Cursor};
+use hookline_tools::replay::{self, ReplayOptions, Replays};
 
 use crate::auth::{Caller, Tokens};
 use crate::endpoints::Control;

@@ -1,48 +1,60 @@
-//! Graceful shutdown: one watch channel flipped by SIGTERM/SIGINT (or by a test), observed by
-//! every stage loop.
+//! Graceful shutdown: one `tokio_util` [`CancellationToken`] cancelled by SIGTERM/SIGINT (or by a
+//! test), observed by every stage loop. Dropping the last [`ShutdownTrigger`] also stops (a test
+//! that drops its handle stops its stages); a [`Shutdown::child`] is a stop signal of its own that
+//! also fires when its parent does (every tier stops when one fails or the process stops).
 
-use tokio::sync::watch;
+use std::sync::Arc;
+
+use tokio_util::sync::{CancellationToken, DropGuard};
 
 /// Cloneable handle that tells a stage to stop. Stages select on [`Shutdown::wait`].
 #[derive(Clone, Debug)]
 pub struct Shutdown {
-    rx: watch::Receiver<bool>,
+    token: CancellationToken,
 }
 
 /// The sending side, held by whoever decides to stop (signal handler, test).
 #[derive(Clone, Debug)]
 pub struct ShutdownTrigger {
-    tx: std::sync::Arc<watch::Sender<bool>>,
+    token: CancellationToken,
+    /// Cancels the token when the last clone of the trigger is dropped.
+    _last: Arc<DropGuard>,
 }
 
 pub fn channel() -> (ShutdownTrigger, Shutdown) {
-    let (tx, rx) = watch::channel(false);
-    (
-        ShutdownTrigger {
-            tx: std::sync::Arc::new(tx),
-        },
-        Shutdown { rx },
-    )
+    trigger_of(CancellationToken::new())
+}
+
+fn trigger_of(token: CancellationToken) -> (ShutdownTrigger, Shutdown) {
+    let trigger = ShutdownTrigger {
+        token: token.clone(),
+        _last: Arc::new(token.clone().drop_guard()),
+    };
+    (trigger, Shutdown { token })
 }
 
 impl ShutdownTrigger {
     pub fn trigger(&self) {
-        let _ = self.tx.send(true);
+        self.token.cancel();
     }
     pub fn subscribe(&self) -> Shutdown {
         Shutdown {
-            rx: self.tx.subscribe(),
+            token: self.token.clone(),
         }
     }
 }
 
 impl Shutdown {
     pub fn is_triggered(&self) -> bool {
-        *self.rx.borrow()
+        self.token.is_cancelled()
     }
-    /// Resolves once shutdown is requested (or the trigger is dropped).
+    /// Resolves once shutdown is requested (or every trigger is dropped).
     pub async fn wait(&mut self) {
-        let _ = self.rx.wait_for(|v| *v).await;
+        self.token.cancelled().await;
+    }
+    /// A stop signal of its own, that also fires when this one does.
+    pub fn child(&self) -> (ShutdownTrigger, Shutdown) {
+        trigger_of(self.token.child_token())
     }
 }
 
@@ -73,4 +85,32 @@ pub fn on_signals(trigger: ShutdownTrigger) {
         }
         trigger.trigger();
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_child_stops_with_its_parent_and_alone() {
+        let (parent, mut shutdown) = channel();
+        let (child, mut stop) = shutdown.child();
+        child.trigger();
+        stop.wait().await;
+        assert!(!shutdown.is_triggered(), "the child alone");
+        let (_other, mut other) = shutdown.child();
+        parent.trigger();
+        other.wait().await;
+        shutdown.wait().await;
+    }
+
+    #[tokio::test]
+    async fn dropping_the_last_trigger_stops() {
+        let (trigger, mut shutdown) = channel();
+        let clone = trigger.clone();
+        drop(trigger);
+        assert!(!shutdown.is_triggered(), "a clone is left");
+        drop(clone);
+        shutdown.wait().await;
+    }
 }

@@ -42,19 +42,17 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context as _};
-use rdkafka::config::ClientConfig;
-use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext, Rebalance};
+use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::KafkaError;
 use rdkafka::message::{BorrowedMessage, Header, Headers, Message, OwnedHeaders};
 use rdkafka::producer::{BaseRecord, Producer, ThreadedProducer};
 use rdkafka::types::RDKafkaErrorCode;
-use rdkafka::{ClientContext, Offset, TopicPartitionList};
+use rdkafka::{Offset, TopicPartitionList};
 
 use hookline_common::config::Config;
 use hookline_common::event_headers::EventHeaders;
 use hookline_common::kafka::{
-    base_config, consumer_config, is_transient, producer_config, require_topics, retry_transient,
-    TOPICS_WAIT,
+    consumer_config, producer_config, require_topics, retry_transient, TOPICS_WAIT,
 };
 use hookline_common::keyhash::key_hash;
 use hookline_common::ops::StageProbe;
@@ -65,6 +63,11 @@ use hookline_common::shutdown::Shutdown;
 use hookline_common::topics::Topics;
 
 use crate::metrics::DedupeMetrics;
+use crate::rebalance::DedupeContext;
+use crate::restore::{restore, Restored};
+use crate::txn::transactional_id;
+
+pub use crate::restore::{restore_for_bench, RestoreStats};
 use crate::seen::SeenSet;
 use crate::watchdog::{self, Watchdog};
 
@@ -75,10 +78,10 @@ pub const STAGE: &str = "deduper.dedupe";
 /// block its partitions. Below the consumer session timeout (45 s).
 const TRANSACTION_TIMEOUT: Duration = Duration::from_secs(10);
 /// Timeout handed to each transactional call.
-const TXN_CALL_TIMEOUT: Duration = Duration::from_secs(30);
+pub(crate) const TXN_CALL_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// The seen-set's coarse time: unix seconds (at least 1: 0 marks an empty slot).
-fn unix_secs() -> u32 {
+pub(crate) fn unix_secs() -> u32 {
     u32::try_from(hookline_common::clock::now_secs())
         .unwrap_or(u32::MAX)
         .max(1)
@@ -185,7 +188,7 @@ impl Drop for StopOnDrop {
 }
 
 /// State of one assigned partition.
-enum PartState {
+pub(crate) enum PartState {
     /// Paused; the restore thread of this generation is rebuilding its seen-set.
     Restoring {
         generation: u64,
@@ -193,112 +196,45 @@ enum PartState {
     Ready(SeenSet),
 }
 
-/// A restore that finished.
-struct Restored {
-    partition: i32,
-    generation: u64,
-    seen: SeenSet,
-    /// The group's committed offset of the input partition (stable), to rewind to.
-    committed: Offset,
-    records: u64,
-    elapsed: Duration,
-}
-
 /// Everything the poll loop and the rebalance callbacks share.
-struct Core {
-    config: Arc<Config>,
-    topics: Topics,
-    producer: ThreadedProducer<rdkafka::producer::DefaultProducerContext>,
-    metrics: DedupeMetrics,
+pub(crate) struct Core {
+    pub(crate) config: Arc<Config>,
+    pub(crate) topics: Topics,
+    pub(crate) producer: ThreadedProducer<rdkafka::producer::DefaultProducerContext>,
+    pub(crate) metrics: DedupeMetrics,
     /// Size limits of `<p>.dispatch` and `<p>.invalid`: a record that does not fit is
     /// quarantined, never sent to fail the transaction over and over.
-    limits: Limits,
-    produce_errors: ProduceErrors,
-    parts: HashMap<i32, PartState>,
-    next_generation: u64,
-    restore_tx: mpsc::Sender<anyhow::Result<Restored>>,
+    pub(crate) limits: Limits,
+    pub(crate) produce_errors: ProduceErrors,
+    pub(crate) parts: HashMap<i32, PartState>,
+    pub(crate) next_generation: u64,
+    pub(crate) restore_tx: mpsc::Sender<anyhow::Result<Restored>>,
     /// Offsets (next to read) of records consumed in the open transaction.
-    batch: HashMap<i32, i64>,
-    batch_records: usize,
-    txn_open: bool,
-    txn_started: Instant,
+    pub(crate) batch: HashMap<i32, i64>,
+    pub(crate) batch_records: usize,
+    pub(crate) txn_open: bool,
+    pub(crate) txn_started: Instant,
     /// Set by a callback that hit a fatal error; the loop returns it.
-    fatal: Option<anyhow::Error>,
+    pub(crate) fatal: Option<anyhow::Error>,
     /// Set once the stage is exiting with an error: the open transaction may be half-written
     /// (a dispatch record without its changelog record), so nothing may commit it any more —
     /// not even the revoke callback that runs while the consumer closes.
-    failed: bool,
+    pub(crate) failed: bool,
     /// The group gave this member an assignment (possibly empty) that it has not lost since.
-    joined: bool,
-    probe: StageProbe,
-    watchdog: Watchdog,
+    pub(crate) joined: bool,
+    pub(crate) probe: StageProbe,
+    pub(crate) watchdog: Watchdog,
     /// Partitions whose restore finished and that must be rewound and resumed by the loop.
-    to_resume: Vec<(i32, Offset)>,
+    pub(crate) to_resume: Vec<(i32, Offset)>,
 }
 
-struct DedupeContext {
-    core: Arc<Mutex<Core>>,
-}
-
-impl ClientContext for DedupeContext {}
-
-impl ConsumerContext for DedupeContext {
-    fn pre_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
-        if let Rebalance::Revoke(tpl) = rebalance {
-            let mut core = lock(&self.core);
-            // Commit what was processed while we still own the partitions (generation valid).
-            let lost = consumer.assignment_lost();
-            if let Err(e) = core.commit(consumer, !lost) {
-                core.fatal.get_or_insert(e);
-            }
-            for el in tpl.elements() {
-                core.parts.remove(&el.partition());
-                core.batch.remove(&el.partition());
-            }
-            if lost {
-                core.joined = false;
-            }
-            core.update_ready();
-            tracing::info!(
-                partitions = ?tpl.elements().iter().map(|e| e.partition()).collect::<Vec<_>>(),
-                lost,
-                "dedupe partitions revoked"
-            );
-        }
-    }
-
-    fn post_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
-        match rebalance {
-            Rebalance::Assign(tpl) => {
-                let mut core = lock(&self.core);
-                let partitions: Vec<i32> = tpl.elements().iter().map(|e| e.partition()).collect();
-                core.joined = true;
-                if partitions.is_empty() {
-                    core.update_ready();
-                    return;
-                }
-                if let Err(e) = consumer.pause(tpl) {
-                    tracing::warn!(error = %e, "pausing newly assigned partitions failed");
-                }
-                for p in &partitions {
-                    core.start_restore(*p);
-                }
-                core.update_ready();
-                tracing::info!(partitions = ?partitions, "dedupe partitions assigned, restoring state");
-            }
-            Rebalance::Revoke(_) => {}
-            Rebalance::Error(e) => tracing::error!(error = %e, "dedupe rebalance error"),
-        }
-    }
-}
-
-fn lock(core: &Mutex<Core>) -> MutexGuard<'_, Core> {
+pub(crate) fn lock(core: &Mutex<Core>) -> MutexGuard<'_, Core> {
     core.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 impl Core {
     /// Ready: joined, and every assigned partition restored.
-    fn update_ready(&self) {
+    pub(crate) fn update_ready(&self) {
         let restored = self
             .parts
             .values()
@@ -306,7 +242,7 @@ impl Core {
         self.probe.set_ready(self.joined && restored);
     }
 
-    fn start_restore(&mut self, partition: i32) {
+    pub(crate) fn start_restore(&mut self, partition: i32) {
         self.next_generation += 1;
         let generation = self.next_generation;
         self.parts
@@ -335,27 +271,6 @@ impl Core {
         self.to_resume.push((r.partition, r.committed));
         self.parts.insert(r.partition, PartState::Ready(r.seen));
         self.update_ready();
-    }
-
-    fn begin_if_needed(&mut self) -> anyhow::Result<()> {
-        if !self.txn_open {
-            self.guarded("begin_transaction", |p| p.begin_transaction())
-                .context("beginning a transaction")?;
-            self.txn_open = true;
-            self.txn_started = Instant::now();
-        }
-        Ok(())
-    }
-
-    /// Runs a blocking transactional call, named `op`, under the watchdog.
-    fn guarded<T>(
-        &self,
-        op: &'static str,
-        f: impl FnOnce(
-            &ThreadedProducer<rdkafka::producer::DefaultProducerContext>,
-        ) -> Result<T, KafkaError>,
-    ) -> Result<T, KafkaError> {
-        self.watchdog.guard(op, || f(&self.producer))
     }
 
     /// Handles one record of `<p>.dedupe`.
@@ -521,197 +436,6 @@ impl Core {
         }
         Ok(())
     }
-
-    fn batch_due(&self) -> bool {
-        self.txn_open
-            && (self.batch_records >= self.config.dedupe.batch_max_records
-                || self.txn_started.elapsed() >= self.config.dedupe.batch_interval)
-    }
-
-    /// Commits the open transaction (outputs + offsets). On an abortable error, aborts and
-    /// schedules every partition for rewind + restore. `owned`: false when the assignment was
-    /// lost (the commit would be fenced): abort directly.
-    fn commit(
-        &mut self,
-        consumer: &BaseConsumer<DedupeContext>,
-        owned: bool,
-    ) -> anyhow::Result<()> {
-        if !self.txn_open {
-            return Ok(());
-        }
-        if self.failed {
-            return self.abort_open();
-        }
-        if owned {
-            match self.try_commit(consumer) {
-                Ok(()) => {
-                    self.metrics.emit_commit(self.batch_records);
-                    self.txn_open = false;
-                    self.batch.clear();
-                    self.batch_records = 0;
-                    return Ok(());
-                }
-                Err(TxnFailure::Fatal(e)) => return Err(e),
-                Err(TxnFailure::Abortable(e)) => {
-                    tracing::warn!(error = %e, "dedupe transaction failed; aborting and restoring state");
-                    // A record refused as too large fails the whole transaction, and librdkafka
-                    // does not say which: re-read the limits (a topic's may have been lowered),
-                    // so the replayed batch quarantines what no longer fits instead of failing
-                    // again and again.
-                    futures::executor::block_on(self.limits.refresh_now());
-                }
-            }
-        }
-        self.abort_and_rewind(consumer)
-    }
-
-    fn try_commit(&mut self, consumer: &BaseConsumer<DedupeContext>) -> Result<(), TxnFailure> {
-        let started = Instant::now();
-        let result = self.try_commit_inner(consumer);
-        let took = started.elapsed();
-        if took > Duration::from_secs(1) {
-            tracing::warn!(
-                took_ms = took.as_millis() as u64,
-                records = self.batch_records,
-                "slow dedupe transaction commit"
-            );
-        } else {
-            tracing::debug!(
-                took_ms = took.as_millis() as u64,
-                records = self.batch_records,
-                "dedupe transaction committed"
-            );
-        }
-        result
-    }
-
-    fn try_commit_inner(
-        &mut self,
-        consumer: &BaseConsumer<DedupeContext>,
-    ) -> Result<(), TxnFailure> {
-        let mut tpl = TopicPartitionList::new();
-        let dedupe = self.topics.dedupe();
-        for (p, o) in &self.batch {
-            tpl.add_partition_offset(&dedupe, *p, Offset::Offset(*o))
-                .map_err(|e| TxnFailure::Fatal(e.into()))?;
-        }
-        if tpl.count() > 0 {
-            let cgm = consumer.group_metadata().ok_or_else(|| {
-                TxnFailure::Abortable(anyhow::anyhow!("consumer has no group metadata"))
-            })?;
-            retry_txn("sending offsets to the dedupe transaction", || {
-                self.guarded("send_offsets_to_transaction", |p| {
-                    p.send_offsets_to_transaction(&tpl, &cgm, TXN_CALL_TIMEOUT)
-                })
-            })?;
-        }
-        retry_txn("committing the dedupe transaction", || {
-            self.guarded("commit_transaction", |p| {
-                p.commit_transaction(TXN_CALL_TIMEOUT)
-            })
-        })
-    }
-
-    /// Aborts the open transaction, if any, retrying transient errors. Its outputs are never
-    /// visible to `read_committed` readers; its input offsets stay uncommitted.
-    fn abort_open(&mut self) -> anyhow::Result<()> {
-        if self.txn_open {
-            retry_transient("aborting the dedupe transaction", || {
-                self.guarded("abort_transaction", |p| {
-                    p.abort_transaction(TXN_CALL_TIMEOUT)
-                })
-            })
-            .map_err(|e| anyhow::anyhow!("aborting the dedupe transaction failed: {e}"))?;
-            self.txn_open = false;
-            self.metrics.emit_abort();
-        }
-        self.batch.clear();
-        self.batch_records = 0;
-        Ok(())
-    }
-
-    /// The stage is exiting with an error: abort the open transaction (it may hold a dispatch
-    /// record whose changelog record was never sent) and make sure nothing commits afterwards.
-    fn abort_on_error_exit(&mut self) {
-        self.failed = true;
-        let open = self.txn_open;
-        match self.abort_open() {
-            Ok(()) if open => {
-                tracing::warn!("dedupe stage failing: open transaction aborted, nothing committed")
-            }
-            Ok(()) => {}
-            // Not committed either way: Kafka aborts it after the transaction timeout.
-            Err(e) => tracing::error!(error = %e, "dedupe stage failing: the abort failed too"),
-        }
-    }
-
-    /// Aborts the open transaction and drops every partition's uncommitted state: all partitions
-    /// are paused, restored, then rewound to their committed offsets and resumed.
-    fn abort_and_rewind(&mut self, consumer: &BaseConsumer<DedupeContext>) -> anyhow::Result<()> {
-        if self.txn_open {
-            self.abort_open()?;
-        } else {
-            self.metrics.emit_abort();
-        }
-        let assigned: Vec<i32> = self.parts.keys().copied().collect();
-        let mut tpl = TopicPartitionList::new();
-        for p in &assigned {
-            tpl.add_partition(&self.topics.dedupe(), *p);
-        }
-        let _ = consumer.pause(&tpl);
-        for p in assigned {
-            self.start_restore(p);
-        }
-        self.update_ready();
-        Ok(())
-    }
-}
-
-enum TxnFailure {
-    Abortable(anyhow::Error),
-    Fatal(anyhow::Error),
-}
-
-/// Retries a transactional call while librdkafka says it is retriable (or the cluster is briefly
-/// unavailable), a bounded number of times (~5.5 s); classifies the rest. A call that stays
-/// "retriable" longer is treated as abortable: e.g. a commit whose transaction holds a record the
-/// broker refuses keeps answering retriable errors, and only the abort (which re-reads the topic
-/// limits and replays the batch) gets the stage going again. The abort and the restore that follow
-/// retry transient errors for as long as a broker restart takes.
-fn retry_txn(op: &str, mut call: impl FnMut() -> Result<(), KafkaError>) -> Result<(), TxnFailure> {
-    let mut tries = 0u64;
-    loop {
-        match call() {
-            Ok(()) => return Ok(()),
-            Err(KafkaError::Transaction(e)) if e.is_fatal() => {
-                return Err(TxnFailure::Fatal(anyhow::anyhow!(
-                    "fatal transaction error (fenced by a newer instance?): {e}"
-                )))
-            }
-            Err(e) if is_transient(&e) && tries < TXN_RETRIES => {
-                tries += 1;
-                tracing::warn!(op, error = %e, tries, "transient error in a transactional call; retrying");
-                std::thread::sleep(Duration::from_millis(100 * tries));
-            }
-            Err(e) => return Err(TxnFailure::Abortable(anyhow::anyhow!("{op}: {e}"))),
-        }
-    }
-}
-
-/// Retries of a transactional call before it counts as abortable (100 ms, 200 ms, … ≈ 5.5 s).
-const TXN_RETRIES: u64 = 10;
-
-fn transactional_id(config: &Config) -> String {
-    let group = config.group_id(STAGE);
-    match &config.kafka.instance_id {
-        // Stable: a restarted instance fences its predecessor's open transaction at once.
-        Some(id) => format!("{group}.{id}"),
-        None => format!(
-            "{group}.{}.{}",
-            std::process::id(),
-            hookline_common::clock::now_ms()
-        ),
-    }
 }
 
 fn run_blocking(
@@ -849,106 +573,4 @@ fn run_blocking(
         tracing::info!("dedupe stage stopped");
     }
     result
-}
-
-/// Rebuilds the seen-set of `partition` from the changelog. See the module docs for why reading
-/// the committed offset first makes the end of the changelog the right place to stop.
-fn restore(config: &Config, partition: i32, generation: u64) -> anyhow::Result<Restored> {
-    let started = Instant::now();
-    let topics = Topics::new(&config.topics.prefix);
-    let mut c: ClientConfig = base_config(config);
-    c.set("group.id", config.group_id(STAGE))
-        .set("enable.auto.commit", "false")
-        .set("enable.auto.offset.store", "false")
-        .set("isolation.level", "read_committed")
-        .set("enable.partition.eof", "true")
-        // The end of the log is signalled by an empty fetch: don't let the broker hold it.
-        .set("fetch.wait.max.ms", "10")
-        // Large fetches: the changelog is read start to end as fast as possible.
-        .set("max.partition.fetch.bytes", "16777216")
-        .set("fetch.max.bytes", "67108864")
-        .set("queued.min.messages", "1000000")
-        .set("auto.offset.reset", "earliest");
-    let consumer: BaseConsumer = c.create().context("creating the restore consumer")?;
-
-    let mut input = TopicPartitionList::new();
-    input.add_partition(&topics.dedupe(), partition);
-    // Not stable yet (a transaction is pending: `UnstableOffsetCommit`), or the coordinator is
-    // moving: transient, retried.
-    let committed = retry_transient(
-        &format!("committed offset of dedupe partition {partition}"),
-        || consumer.committed_offsets(input.clone(), Duration::from_secs(15)),
-    )
-    .with_context(|| format!("reading committed offsets of dedupe partition {partition}"))?
-    .find_partition(&topics.dedupe(), partition)
-    .map(|e| e.offset())
-    .unwrap_or(Offset::Invalid);
-
-    let window = config.dedupe.window.as_secs().max(1);
-    let mut seen = SeenSet::new(window);
-    let state_topic = topics.dedupe_state();
-    let (low, high) = retry_transient(&format!("watermarks of {state_topic}[{partition}]"), || {
-        consumer.fetch_watermarks(&state_topic, partition, Duration::from_secs(15))
-    })
-    .with_context(|| format!("watermarks of {state_topic}[{partition}]"))?;
-    let mut records = 0u64;
-    if high > low {
-        let mut tpl = TopicPartitionList::new();
-        tpl.add_partition_offset(&state_topic, partition, Offset::Beginning)
-            .context("restore assignment")?;
-        consumer.assign(&tpl).context("assigning the changelog")?;
-        let now = unix_secs();
-        let deadline = Instant::now() + Duration::from_secs(600);
-        loop {
-            match consumer.poll(Duration::from_millis(500)) {
-                Some(Ok(m)) => {
-                    records += 1;
-                    let (Some(k), Some(v)) = (m.key(), m.payload()) else {
-                        continue;
-                    };
-                    let (Ok(k), Ok(v)) = (<[u8; 16]>::try_from(k), <[u8; 4]>::try_from(v)) else {
-                        continue;
-                    };
-                    let t = u32::from_be_bytes(v);
-                    if u64::from(now.saturating_sub(t)) < window {
-                        seen.insert(u128::from_be_bytes(k), t);
-                    }
-                }
-                Some(Err(KafkaError::PartitionEOF(_))) => break,
-                Some(Err(e)) => tracing::warn!(partition, error = %e, "restore read error"),
-                None => {}
-            }
-            if Instant::now() > deadline {
-                bail!("restoring dedupe partition {partition} took longer than 600s");
-            }
-        }
-    }
-    Ok(Restored {
-        partition,
-        generation,
-        seen,
-        committed,
-        records,
-        elapsed: started.elapsed(),
-    })
-}
-
-/// What a restore did, for the benchmark harness.
-#[derive(Debug, Clone, Copy)]
-pub struct RestoreStats {
-    pub records: u64,
-    pub keys: usize,
-    pub bytes: usize,
-    pub elapsed: Duration,
-}
-
-/// Restores one partition's seen-set from the changelog and reports what it took (benchmarks).
-pub fn restore_for_bench(config: &Config, partition: i32) -> anyhow::Result<RestoreStats> {
-    let r = restore(config, partition, 0)?;
-    Ok(RestoreStats {
-        records: r.records,
-        keys: r.seen.len(),
-        bytes: r.seen.bytes(),
-        elapsed: r.elapsed,
-    })
 }

@@ -5,12 +5,18 @@
 //!   events by our hash of the dedupe key onto `<p>.dedupe`.
 //! - [`dedupe`] (stage B): per-partition 24h seen-set, exactly-once forwarding of first
 //!   sightings to `<p>.dispatch`, changelog `<p>.dedupe-state`, restore on assignment.
+//! - `rebalance`: stage B's rebalance callbacks (commit before a revoke, restore on assign).
+//! - `restore`: rebuilding a partition's seen-set from the changelog; `txn`: stage B's
+//!   transactional calls retried and classified.
 //! - [`seen`]: the compact seen-set (128-bit hash + coarse time, expiry by time buckets).
 //! - [`metrics`]: counters of both stages.
 
 pub mod dedupe;
 pub mod metrics;
+mod rebalance;
+mod restore;
 pub mod seen;
+mod txn;
 pub mod validate;
 pub mod watchdog;
 

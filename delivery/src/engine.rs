@@ -97,10 +97,7 @@ impl Engine {
         cutoff: watch::Receiver<bool>,
     ) -> AttemptOutcome {
         let run = self.run(endpoint, event_id, body, attempt, SlotWait::Unbounded);
-        match self.cut_short(run, attempt, cutoff).await {
-            Admission::Attempted(outcome) => outcome,
-            Admission::Saturated { .. } => unreachable!("an unbounded slot wait never refuses"),
-        }
+        unbounded(self.cut_short(run, attempt, cutoff).await)
     }
 
     /// Like [`Engine::deliver_or_cut`], but refuses the delivery ([`Admission::Saturated`], no
@@ -166,13 +163,10 @@ impl Engine {
         body: Bytes,
         attempt: u32,
     ) -> AttemptOutcome {
-        match self
-            .run(endpoint, event_id, body, attempt, SlotWait::Unbounded)
-            .await
-        {
-            Admission::Attempted(outcome) => outcome,
-            Admission::Saturated { .. } => unreachable!("an unbounded slot wait never refuses"),
-        }
+        unbounded(
+            self.run(endpoint, event_id, body, attempt, SlotWait::Unbounded)
+                .await,
+        )
     }
 
     async fn run(
@@ -342,6 +336,14 @@ impl Engine {
     /// Cuts `text` to at most `max_response_body_bytes` bytes, on a character boundary.
     fn cap(&self, text: String) -> String {
         truncate_utf8(text, self.inner.max_response_body_bytes)
+    }
+}
+
+/// The outcome of an attempt that waited for its slot as long as it took (so was never refused).
+fn unbounded(admission: Admission) -> AttemptOutcome {
+    match admission {
+        Admission::Attempted(outcome) => outcome,
+        Admission::Saturated { .. } => unreachable!("an unbounded slot wait never refuses"),
     }
 }
 

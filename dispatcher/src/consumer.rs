@@ -54,7 +54,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::{anyhow, bail, Context as _};
+use anyhow::{bail, Context as _};
 use bytes::Bytes;
 use rdkafka::consumer::{Consumer, StreamConsumer};
 use rdkafka::message::{BorrowedMessage, Message, OwnedMessage};
@@ -64,25 +64,19 @@ use tokio::sync::{mpsc, watch};
 use tokio::task::JoinSet;
 use tracing::{debug, info, warn};
 
-use hookline_common::clock::now_ms;
-use hookline_common::config::{Config, EndpointConfig};
-use hookline_common::delivery::DeliveryMeta;
+use hookline_common::config::Config;
 use hookline_common::event_headers::EventHeaders;
 use hookline_common::kafka::{consumer_config, producer_config};
 use hookline_common::ops::StageProbe;
-use hookline_common::ownership::Claim;
 use hookline_common::produce::ProduceErrors;
-use hookline_common::quarantine::Source;
 use hookline_common::rebalance::{self, Rebalanced};
 use hookline_common::shutdown::Shutdown;
 use hookline_common::topics::Topics;
 
-use hookline_delivery::{
-    AttemptMetrics, Delivery, DeliveryPath, Engine, Hop, HopError, HopWriter, Next, Origin, Report,
-    Turn, Why, Written,
-};
+use hookline_delivery::{AttemptMetrics, DeliveryPath, Engine, HopWriter};
 
-use crate::metrics::{ConsumerMetrics, HandoffTarget};
+use crate::deliveries::Event;
+use crate::metrics::ConsumerMetrics;
 use crate::partitions::Partitions;
 use crate::rebalance::{DispatchContext, REVOKE_WAIT_CAP};
 use crate::window::Begin;
@@ -108,7 +102,8 @@ const STALL_BUDGET: Duration = Duration::from_millis(100);
 
 /// Runs the dispatcher until shutdown. Returns an error (process exits non-zero) only on a fatal
 /// produce error (fenced, not authorised, topic gone): no offset is ever stored past that event.
-/// A hand-off that can never be written as planned is rerouted (`handoff_write`), never fatal.
+/// A hand-off that can never be written as planned is rerouted (`hookline_delivery::write`),
+/// never fatal.
 pub async fn run(
     config: Arc<Config>,
     registry: prometheus::Registry,
@@ -393,37 +388,17 @@ async fn close(dispatcher: Arc<Dispatcher>, clean: bool) {
 }
 
 /// Everything a delivery task needs, shared by the loop and the tasks.
-struct Dispatcher {
-    consumer: StreamConsumer<DispatchContext>,
+pub(crate) struct Dispatcher {
+    pub(crate) consumer: StreamConsumer<DispatchContext>,
     producer: FutureProducer,
-    partitions: Arc<Partitions>,
+    pub(crate) partitions: Arc<Partitions>,
     /// Attempts, next hops and hand-off writes (shared with the tiers and replay).
-    path: DeliveryPath,
+    pub(crate) path: DeliveryPath,
     /// `hookline_delivery_attempts_total{stage="dispatcher"}`.
-    attempts: AttemptMetrics,
-    metrics: ConsumerMetrics,
+    pub(crate) attempts: AttemptMetrics,
+    pub(crate) metrics: ConsumerMetrics,
     /// A hand-off Kafka refused: the loop returns it and the process exits non-zero.
-    fatal: mpsc::UnboundedSender<anyhow::Error>,
-}
-
-/// One event read from `<p>.dispatch`, shared by its deliveries.
-struct Event {
-    partition: i32,
-    offset: i64,
-    /// The partition's assignment generation when the event was read (see [`Ownership`]).
-    generation: u64,
-    /// Set when the shutdown grace is over or the partition is being revoked: attempts still
-    /// running are cut short and handed off.
-    cutoff: watch::Receiver<bool>,
-    id: String,
-    event_type: String,
-    tenant: Option<String>,
-    dedupe_key: Option<String>,
-    key: Option<Bytes>,
-    /// The producer's exact bytes, sent unchanged.
-    body: Bytes,
-    /// Deliveries neither delivered nor handed off yet.
-    pending: AtomicUsize,
+    pub(crate) fatal: mpsc::UnboundedSender<anyhow::Error>,
 }
 
 /// A record the loop can take: one just received, or one it held while its partition was full.
@@ -533,124 +508,5 @@ impl Dispatcher {
             tasks.spawn(self.clone().deliver(event.clone(), endpoint));
         }
         None
-    }
-
-    /// One (event, endpoint) delivery: attempt 1 (or its deferral) and the hand-off of a failure
-    /// or deferral, through the delivery path; the last delivery of the event to finish
-    /// completes its offset.
-    async fn deliver(self: Arc<Self>, event: Arc<Event>, endpoint: Arc<EndpointConfig>) {
-        let delivery = Delivery {
-            // The delivery path starts the schedule when attempt 1 starts (or is deferred).
-            meta: DeliveryMeta::new(
-                &endpoint.id,
-                &event.id,
-                &event.event_type,
-                event.tenant.as_deref(),
-                now_ms(),
-            ),
-            key: event.key.clone(),
-            body: event.body.clone(),
-            dedupe_key: event.dedupe_key.clone(),
-        };
-        let claim = Claim {
-            ownership: &self.partitions.ownership,
-            partition: event.partition,
-            generation: event.generation,
-        };
-        let origin = Origin {
-            source: Source {
-                topic: &self.partitions.topic,
-                partition: event.partition,
-                offset: event.offset,
-            },
-            gate: &claim,
-            cutoff: Some(event.cutoff.clone()),
-        };
-        let turn = self
-            .path
-            .attempt(&self.attempts, delivery, Turn::Scheduled, origin)
-            .await;
-        match turn {
-            Ok(report) => self.count(&report),
-            // The partition was revoked meanwhile: the new owner sends the event again.
-            Err(HopError::Revoked(_)) => {
-                debug!(
-                    endpoint = %endpoint.id,
-                    event = %event.id,
-                    partition = event.partition,
-                    "partition revoked before the hand-off, left to the new owner"
-                );
-                return;
-            }
-            // Shutdown while retrying a transient error: the event never completes, so no
-            // offset is stored past it and the next owner delivers it again.
-            Err(HopError::Abandoned(topic)) => {
-                warn!(event = %event.id, endpoint = %endpoint.id, topic, "hand-off abandoned at shutdown");
-                return;
-            }
-            Err(e @ HopError::Fatal { .. }) => {
-                // The event never completes, so no offset is stored past it.
-                let _ = self.fatal.send(anyhow!(
-                    "the hand-off of event {} for endpoint {} (dispatch {}@{}) failed: {e}",
-                    event.id,
-                    endpoint.id,
-                    event.partition,
-                    event.offset
-                ));
-                return;
-            }
-        }
-        if event.pending.fetch_sub(1, Ordering::AcqRel) == 1 {
-            self.metrics.emit_event_done();
-            self.partitions.complete(
-                &self.consumer,
-                event.partition,
-                event.generation,
-                event.offset,
-            );
-        }
-    }
-
-    /// Logs and counts where a delivery went after attempt 1.
-    fn count(&self, report: &Report) {
-        let meta = &report.meta;
-        let Next::Handed { why, hop, written } = &report.next else {
-            return;
-        };
-        let target = match (written, hop) {
-            (Written::AsPlanned, Hop::Retry { .. }) => HandoffTarget::Retry,
-            (Written::AsPlanned, Hop::Dead { .. }) => HandoffTarget::Dlq,
-            (Written::DeadTooLarge, _) => HandoffTarget::DlqRecordTooLarge,
-            (Written::Quarantined, _) => HandoffTarget::InvalidRecordTooLarge,
-            (Written::Dropped, _) => HandoffTarget::Dropped,
-        };
-        match why {
-            Why::Deferred { busy } => {
-                self.metrics
-                    .emit_deferred(&meta.endpoint_id, &meta.event_id, *busy)
-            }
-            Why::Failed => {
-                let (attempt, class) = report.outcome.as_ref().map_or((1, "-"), |o| {
-                    (
-                        o.attempt,
-                        o.result.failure_class().map_or("ok", |c| c.as_str()),
-                    )
-                });
-                self.metrics.emit_handed_off(
-                    &meta.endpoint_id,
-                    &meta.event_id,
-                    attempt,
-                    class,
-                    target,
-                )
-            }
-            Why::Dead(reason) => self.metrics.emit_handed_off(
-                &meta.endpoint_id,
-                &meta.event_id,
-                meta.attempt,
-                reason.as_str(),
-                target,
-            ),
-        }
     }
 }

@@ -1,5 +1,6 @@
-//! hookline retry tiers: the delayed re-attempts of failed deliveries, the dead-letter topic, and
-//! the tools around it.
+//! hookline retry tiers: the delayed re-attempts of failed deliveries, up to the dead-letter
+//! topic. (The operator tools on the dead-letter topic — `dead list/show`, replay — are the
+//! `hookline-tools` crate.)
 //!
 //! Module map:
 //! - [`tier`] (via [`run`]): one worker per tier topic `<p>.retry.<tier>`, one consumer group
@@ -13,23 +14,13 @@
 //!   `<p>.invalid` when unreadable.
 //! - `due`: when a record is due (its recorded due time, capped against a fast clock).
 //! - `orphans`: tier topics no longer in `retry.schedule`, found on the broker and drained.
-//! - [`dead`]: reading the dead-letter topic, filters, `hookline dead list/show`.
-//! - [`replay`]: `hookline replay`, idempotent by replay key (`dlq:<partition>:<offset>`) recorded
-//!   on the compacted `<p>.replays`.
-//! - [`cli`]: the command-line arguments of `replay` and `dead`.
-//! - `read`: reading a topic from given offsets up to the end it had when reading started.
 //! - `metrics`: `hookline_retry_*`.
 
 mod attempt;
-pub mod cli;
-pub mod dead;
-pub mod dead_page;
 mod due;
 mod metrics;
 mod orphans;
-mod read;
 mod rebalance;
-pub mod replay;
 mod tier;
 mod waiting;
 
@@ -46,7 +37,7 @@ use hookline_common::config::{tier_name, Config};
 use hookline_common::kafka::producer_config;
 use hookline_common::ops::{Readiness, StageProbe};
 use hookline_common::produce::ProduceErrors;
-use hookline_common::shutdown::{self, Shutdown};
+use hookline_common::shutdown::Shutdown;
 use hookline_common::topics::Topics;
 use hookline_control::Plane;
 use hookline_delivery::{DeliveryPath, Engine, HopWriter};
@@ -138,14 +129,7 @@ pub async fn run_with(
     });
 
     // One stop signal for every tier: the process's shutdown, or the first tier that fails.
-    let (stop_all, stop) = shutdown::channel();
-    let forward = {
-        let (mut shutdown, stop_all) = (shutdown, stop_all.clone());
-        tokio::spawn(async move {
-            shutdown.wait().await;
-            stop_all.trigger();
-        })
-    };
+    let (stop_all, stop) = shutdown.child();
     let mut workers = JoinSet::new();
     let mut running = BTreeSet::new();
     for tier in selected {
@@ -238,7 +222,6 @@ pub async fn run_with(
             }
         }
     }
-    forward.abort();
     let producer = stage.producer.clone();
     let _ = tokio::task::spawn_blocking(move || {
         producer.flush(Timeout::After(Duration::from_secs(10)))

@@ -164,6 +164,8 @@ struct Replayer {
     path: DeliveryPath,
     attempts: AttemptMetrics,
     with_retries: bool,
+    /// Keeps the writer's shutdown signal from ever firing (see `run_with`).
+    _never: hookline_common::shutdown::ShutdownTrigger,
 }
 
 /// How one replay ended.
@@ -244,9 +246,10 @@ async fn run_with(
         let producer: FutureProducer = producer_config(config)
             .create()
             .context("creating the replay producer")?;
-        // A command-line run has no shutdown signal of its own: transient errors are retried
-        // until they pass or the operator interrupts the command.
-        let (_never, shutdown) = hookline_common::shutdown::channel();
+        // A replay has no shutdown signal of its own: transient errors are retried until they
+        // pass or the operator interrupts the command. The trigger lives as long as the
+        // replayer (a dropped one would stop the retries at once).
+        let (never, shutdown) = hookline_common::shutdown::channel();
         let errors = ProduceErrors::unregistered();
         let writer = HopWriter::connect(config, producer, errors, shutdown).await?;
         let path = DeliveryPath::new(
@@ -262,6 +265,7 @@ async fn run_with(
             path,
             attempts: replays.attempts.clone(),
             with_retries: options.with_retries,
+            _never: never,
         }))
     };
     let mut pace = options.rate.filter(|r| *r > 0.0).map(|rate| {

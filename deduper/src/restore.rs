@@ -1,0 +1,137 @@
+//! Stage B's restore: rebuilding a partition's seen-set from the changelog `<p>.dedupe-state`
+//! when the partition is assigned (restart, rebalance, scale-out), on a thread of its own. See
+//! `crate::dedupe` for why reading the committed offset first makes the end of the changelog the
+//! right place to stop.
+
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context as _};
+use rdkafka::config::ClientConfig;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::error::KafkaError;
+use rdkafka::message::Message;
+use rdkafka::{Offset, TopicPartitionList};
+
+use hookline_common::config::Config;
+use hookline_common::kafka::{base_config, retry_transient};
+use hookline_common::topics::Topics;
+
+use crate::dedupe::{unix_secs, STAGE};
+use crate::seen::SeenSet;
+
+/// A restore that finished.
+pub(crate) struct Restored {
+    pub(crate) partition: i32,
+    pub(crate) generation: u64,
+    pub(crate) seen: SeenSet,
+    /// The group's committed offset of the input partition (stable), to rewind to.
+    pub(crate) committed: Offset,
+    pub(crate) records: u64,
+    pub(crate) elapsed: Duration,
+}
+
+/// Rebuilds the seen-set of `partition` from the changelog. See the module docs for why reading
+/// the committed offset first makes the end of the changelog the right place to stop.
+pub(crate) fn restore(
+    config: &Config,
+    partition: i32,
+    generation: u64,
+) -> anyhow::Result<Restored> {
+    let started = Instant::now();
+    let topics = Topics::new(&config.topics.prefix);
+    let mut c: ClientConfig = base_config(config);
+    c.set("group.id", config.group_id(STAGE))
+        .set("enable.auto.commit", "false")
+        .set("enable.auto.offset.store", "false")
+        .set("isolation.level", "read_committed")
+        .set("enable.partition.eof", "true")
+        // The end of the log is signalled by an empty fetch: don't let the broker hold it.
+        .set("fetch.wait.max.ms", "10")
+        // Large fetches: the changelog is read start to end as fast as possible.
+        .set("max.partition.fetch.bytes", "16777216")
+        .set("fetch.max.bytes", "67108864")
+        .set("queued.min.messages", "1000000")
+        .set("auto.offset.reset", "earliest");
+    let consumer: BaseConsumer = c.create().context("creating the restore consumer")?;
+
+    let mut input = TopicPartitionList::new();
+    input.add_partition(&topics.dedupe(), partition);
+    // Not stable yet (a transaction is pending: `UnstableOffsetCommit`), or the coordinator is
+    // moving: transient, retried.
+    let committed = retry_transient(
+        &format!("committed offset of dedupe partition {partition}"),
+        || consumer.committed_offsets(input.clone(), Duration::from_secs(15)),
+    )
+    .with_context(|| format!("reading committed offsets of dedupe partition {partition}"))?
+    .find_partition(&topics.dedupe(), partition)
+    .map(|e| e.offset())
+    .unwrap_or(Offset::Invalid);
+
+    let window = config.dedupe.window.as_secs().max(1);
+    let mut seen = SeenSet::new(window);
+    let state_topic = topics.dedupe_state();
+    let (low, high) = retry_transient(&format!("watermarks of {state_topic}[{partition}]"), || {
+        consumer.fetch_watermarks(&state_topic, partition, Duration::from_secs(15))
+    })
+    .with_context(|| format!("watermarks of {state_topic}[{partition}]"))?;
+    let mut records = 0u64;
+    if high > low {
+        let mut tpl = TopicPartitionList::new();
+        tpl.add_partition_offset(&state_topic, partition, Offset::Beginning)
+            .context("restore assignment")?;
+        consumer.assign(&tpl).context("assigning the changelog")?;
+        let now = unix_secs();
+        let deadline = Instant::now() + Duration::from_secs(600);
+        loop {
+            match consumer.poll(Duration::from_millis(500)) {
+                Some(Ok(m)) => {
+                    records += 1;
+                    let (Some(k), Some(v)) = (m.key(), m.payload()) else {
+                        continue;
+                    };
+                    let (Ok(k), Ok(v)) = (<[u8; 16]>::try_from(k), <[u8; 4]>::try_from(v)) else {
+                        continue;
+                    };
+                    let t = u32::from_be_bytes(v);
+                    if u64::from(now.saturating_sub(t)) < window {
+                        seen.insert(u128::from_be_bytes(k), t);
+                    }
+                }
+                Some(Err(KafkaError::PartitionEOF(_))) => break,
+                Some(Err(e)) => tracing::warn!(partition, error = %e, "restore read error"),
+                None => {}
+            }
+            if Instant::now() > deadline {
+                bail!("restoring dedupe partition {partition} took longer than 600s");
+            }
+        }
+    }
+    Ok(Restored {
+        partition,
+        generation,
+        seen,
+        committed,
+        records,
+        elapsed: started.elapsed(),
+    })
+}
+
+/// What a restore did, for the benchmark harness.
+#[derive(Debug, Clone, Copy)]
+pub struct RestoreStats {
+    pub records: u64,
+    pub keys: usize,
+    pub bytes: usize,
+    pub elapsed: Duration,
+}
+
+/// Restores one partition's seen-set from the changelog and reports what it took (benchmarks).
+pub fn restore_for_bench(config: &Config, partition: i32) -> anyhow::Result<RestoreStats> {
+    let r = restore(config, partition, 0)?;
+    Ok(RestoreStats {
+        records: r.records,
+        keys: r.seen.len(),
+        bytes: r.seen.bytes(),
+        elapsed: r.elapsed,
+    })
+}

@@ -1,0 +1,242 @@
+//! Stage B's transactions: the open batch's begin, commit (outputs + input offsets) and abort
+//! with rewind; each blocking call retried a bounded time when retriable and classified
+//! otherwise (abortable: abort, rewind, replay the batch; fatal: the stage stops); the
+//! transactional id that fences a predecessor.
+
+use std::time::{Duration, Instant};
+
+use anyhow::Context as _;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::error::KafkaError;
+use rdkafka::producer::{Producer, ThreadedProducer};
+use rdkafka::{Offset, TopicPartitionList};
+
+use hookline_common::config::Config;
+use hookline_common::kafka::{is_transient, retry_transient};
+
+use crate::dedupe::{Core, STAGE, TXN_CALL_TIMEOUT};
+use crate::rebalance::DedupeContext;
+
+pub(crate) enum TxnFailure {
+    Abortable(anyhow::Error),
+    Fatal(anyhow::Error),
+}
+
+/// Retries a transactional call while librdkafka says it is retriable (or the cluster is briefly
+/// unavailable), a bounded number of times (~5.5 s); classifies the rest. A call that stays
+/// "retriable" longer is treated as abortable: e.g. a commit whose transaction holds a record the
+/// broker refuses keeps answering retriable errors, and only the abort (which re-reads the topic
+/// limits and replays the batch) gets the stage going again. The abort and the restore that follow
+/// retry transient errors for as long as a broker restart takes.
+pub(crate) fn retry_txn(
+    op: &str,
+    mut call: impl FnMut() -> Result<(), KafkaError>,
+) -> Result<(), TxnFailure> {
+    let mut tries = 0u64;
+    loop {
+        match call() {
+            Ok(()) => return Ok(()),
+            Err(KafkaError::Transaction(e)) if e.is_fatal() => {
+                return Err(TxnFailure::Fatal(anyhow::anyhow!(
+                    "fatal transaction error (fenced by a newer instance?): {e}"
+                )))
+            }
+            Err(e) if is_transient(&e) && tries < TXN_RETRIES => {
+                tries += 1;
+                tracing::warn!(op, error = %e, tries, "transient error in a transactional call; retrying");
+                std::thread::sleep(Duration::from_millis(100 * tries));
+            }
+            Err(e) => return Err(TxnFailure::Abortable(anyhow::anyhow!("{op}: {e}"))),
+        }
+    }
+}
+
+/// Retries of a transactional call before it counts as abortable (100 ms, 200 ms, … ≈ 5.5 s).
+const TXN_RETRIES: u64 = 10;
+
+pub(crate) fn transactional_id(config: &Config) -> String {
+    let group = config.group_id(STAGE);
+    match &config.kafka.instance_id {
+        // Stable: a restarted instance fences its predecessor's open transaction at once.
+        Some(id) => format!("{group}.{id}"),
+        None => format!(
+            "{group}.{}.{}",
+            std::process::id(),
+            hookline_common::clock::now_ms()
+        ),
+    }
+}
+
+/// The transaction of the open batch: begin, commit (outputs + input offsets), abort.
+impl Core {
+    pub(crate) fn begin_if_needed(&mut self) -> anyhow::Result<()> {
+        if !self.txn_open {
+            self.guarded("begin_transaction", |p| p.begin_transaction())
+                .context("beginning a transaction")?;
+            self.txn_open = true;
+            self.txn_started = Instant::now();
+        }
+        Ok(())
+    }
+
+    /// Runs a blocking transactional call, named `op`, under the watchdog.
+    pub(crate) fn guarded<T>(
+        &self,
+        op: &'static str,
+        f: impl FnOnce(
+            &ThreadedProducer<rdkafka::producer::DefaultProducerContext>,
+        ) -> Result<T, KafkaError>,
+    ) -> Result<T, KafkaError> {
+        self.watchdog.guard(op, || f(&self.producer))
+    }
+
+    pub(crate) fn batch_due(&self) -> bool {
+        self.txn_open
+            && (self.batch_records >= self.config.dedupe.batch_max_records
+                || self.txn_started.elapsed() >= self.config.dedupe.batch_interval)
+    }
+
+    /// Commits the open transaction (outputs + offsets). On an abortable error, aborts and
+    /// schedules every partition for rewind + restore. `owned`: false when the assignment was
+    /// lost (the commit would be fenced): abort directly.
+    pub(crate) fn commit(
+        &mut self,
+        consumer: &BaseConsumer<DedupeContext>,
+        owned: bool,
+    ) -> anyhow::Result<()> {
+        if !self.txn_open {
+            return Ok(());
+        }
+        if self.failed {
+            return self.abort_open();
+        }
+        if owned {
+            match self.try_commit(consumer) {
+                Ok(()) => {
+                    self.metrics.emit_commit(self.batch_records);
+                    self.txn_open = false;
+                    self.batch.clear();
+                    self.batch_records = 0;
+                    return Ok(());
+                }
+                Err(TxnFailure::Fatal(e)) => return Err(e),
+                Err(TxnFailure::Abortable(e)) => {
+                    tracing::warn!(error = %e, "dedupe transaction failed; aborting and restoring state");
+                    // A record refused as too large fails the whole transaction, and librdkafka
+                    // does not say which: re-read the limits (a topic's may have been lowered),
+                    // so the replayed batch quarantines what no longer fits instead of failing
+                    // again and again.
+                    futures::executor::block_on(self.limits.refresh_now());
+                }
+            }
+        }
+        self.abort_and_rewind(consumer)
+    }
+
+    pub(crate) fn try_commit(
+        &mut self,
+        consumer: &BaseConsumer<DedupeContext>,
+    ) -> Result<(), TxnFailure> {
+        let started = Instant::now();
+        let result = self.try_commit_inner(consumer);
+        let took = started.elapsed();
+        if took > Duration::from_secs(1) {
+            tracing::warn!(
+                took_ms = took.as_millis() as u64,
+                records = self.batch_records,
+                "slow dedupe transaction commit"
+            );
+        } else {
+            tracing::debug!(
+                took_ms = took.as_millis() as u64,
+                records = self.batch_records,
+                "dedupe transaction committed"
+            );
+        }
+        result
+    }
+
+    pub(crate) fn try_commit_inner(
+        &mut self,
+        consumer: &BaseConsumer<DedupeContext>,
+    ) -> Result<(), TxnFailure> {
+        let mut tpl = TopicPartitionList::new();
+        let dedupe = self.topics.dedupe();
+        for (p, o) in &self.batch {
+            tpl.add_partition_offset(&dedupe, *p, Offset::Offset(*o))
+                .map_err(|e| TxnFailure::Fatal(e.into()))?;
+        }
+        if tpl.count() > 0 {
+            let cgm = consumer.group_metadata().ok_or_else(|| {
+                TxnFailure::Abortable(anyhow::anyhow!("consumer has no group metadata"))
+            })?;
+            retry_txn("sending offsets to the dedupe transaction", || {
+                self.guarded("send_offsets_to_transaction", |p| {
+                    p.send_offsets_to_transaction(&tpl, &cgm, TXN_CALL_TIMEOUT)
+                })
+            })?;
+        }
+        retry_txn("committing the dedupe transaction", || {
+            self.guarded("commit_transaction", |p| {
+                p.commit_transaction(TXN_CALL_TIMEOUT)
+            })
+        })
+    }
+
+    /// Aborts the open transaction, if any, retrying transient errors. Its outputs are never
+    /// visible to `read_committed` readers; its input offsets stay uncommitted.
+    pub(crate) fn abort_open(&mut self) -> anyhow::Result<()> {
+        if self.txn_open {
+            retry_transient("aborting the dedupe transaction", || {
+                self.guarded("abort_transaction", |p| {
+                    p.abort_transaction(TXN_CALL_TIMEOUT)
+                })
+            })
+            .map_err(|e| anyhow::anyhow!("aborting the dedupe transaction failed: {e}"))?;
+            self.txn_open = false;
+            self.metrics.emit_abort();
+        }
+        self.batch.clear();
+        self.batch_records = 0;
+        Ok(())
+    }
+
+    /// The stage is exiting with an error: abort the open transaction (it may hold a dispatch
+    /// record whose changelog record was never sent) and make sure nothing commits afterwards.
+    pub(crate) fn abort_on_error_exit(&mut self) {
+        self.failed = true;
+        let open = self.txn_open;
+        match self.abort_open() {
+            Ok(()) if open => {
+                tracing::warn!("dedupe stage failing: open transaction aborted, nothing committed")
+            }
+            Ok(()) => {}
+            // Not committed either way: Kafka aborts it after the transaction timeout.
+            Err(e) => tracing::error!(error = %e, "dedupe stage failing: the abort failed too"),
+        }
+    }
+
+    /// Aborts the open transaction and drops every partition's uncommitted state: all partitions
+    /// are paused, restored, then rewound to their committed offsets and resumed.
+    pub(crate) fn abort_and_rewind(
+        &mut self,
+        consumer: &BaseConsumer<DedupeContext>,
+    ) -> anyhow::Result<()> {
+        if self.txn_open {
+            self.abort_open()?;
+        } else {
+            self.metrics.emit_abort();
+        }
+        let assigned: Vec<i32> = self.parts.keys().copied().collect();
+        let mut tpl = TopicPartitionList::new();
+        for p in &assigned {
+            tpl.add_partition(&self.topics.dedupe(), *p);
+        }
+        let _ = consumer.pause(&tpl);
+        for p in assigned {
+            self.start_restore(p);
+        }
+        self.update_ready();
+        Ok(())
+    }
+}
