@@ -285,3 +285,36 @@ fn announce(bound: SocketAddr, dev_token: Option<&str>) {
         );
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(listen: &str, tokens: &str) -> Config {
+        let text = format!(
+            "[kafka]\nbootstrap_servers = \"127.0.0.1:9092\"\n[admin]\nlisten = \"{listen}\"\n{tokens}"
+        );
+        Config::from_toml_with_env(&text, "test", Vec::new()).expect("valid config")
+    }
+
+    #[test]
+    fn no_token_refuses_to_start_unless_dev_on_loopback() {
+        let none = config("127.0.0.1:8090", "");
+        let e = tokens(&none, false).err().expect("refused").to_string();
+        assert!(e.contains("admin.tokens is empty"), "{e}");
+        let (t, dev) = tokens(&none, true).expect("dev token on loopback");
+        let dev = dev.expect("a printed token");
+        assert!(t.check(&dev).is_some_and(|c| c.scope == TokenScope::Admin));
+        let exposed = config("0.0.0.0:8090", "");
+        let e = tokens(&exposed, true).err().expect("refused").to_string();
+        assert!(e.contains("only for loopback"), "{e}");
+        let hash = auth::hex(&auth::sha256("t"));
+        let configured = config(
+            "0.0.0.0:8090",
+            &format!("[[admin.tokens]]\nname = \"ops\"\nsha256 = \"{hash}\"\nscope = \"admin\"\n"),
+        );
+        let (t, dev) = tokens(&configured, true).expect("configured tokens");
+        assert!(dev.is_none(), "no dev token once tokens are configured");
+        assert!(t.check("t").is_some());
+    }
+}

@@ -389,6 +389,23 @@ async fn endpoints_made_through_the_api_are_live_on_every_process_and_traced() {
     );
     assert_eq!(lines[0]["next"], "retry.1s");
     assert_eq!(lines[1]["next"], "retry.2s");
+    // The same over HTTP, scoped: acme's token reads the three attempts, globex's gets a 404.
+    let trace_url = admin.url(&format!("/v1/events/{traced}/attempts"));
+    let mine = api(
+        &admin,
+        reqwest::Method::GET,
+        &format!("/v1/events/{traced}/attempts"),
+        Value::Null,
+    )
+    .await;
+    assert_eq!(mine["attempts"].as_array().map(Vec::len), Some(3), "{mine}");
+    let theirs = reqwest::Client::new()
+        .get(&trace_url)
+        .bearer_auth(crate::admin::GLOBEX_TOKEN)
+        .send()
+        .await
+        .expect("sent");
+    assert_eq!(theirs.status(), reqwest::StatusCode::NOT_FOUND);
 
     admin.stop().await;
     for s in [pod_a, pod_b, pod_c, deduper] {
