@@ -115,6 +115,44 @@ impl Endpoint {
         }
     }
 
+    /// An endpoint from a definition (the config file's, or an API/CLI create), replacing
+    /// `current` (if any) at `now`: version and creation time carry on from it.
+    pub fn from_definition(
+        d: &EndpointConfig,
+        managed_by: ManagedBy,
+        current: Option<&Endpoint>,
+        now: i64,
+    ) -> Endpoint {
+        let why_disabled = match managed_by {
+            ManagedBy::File => "config file",
+            _ => "manual",
+        };
+        Endpoint {
+            id: d.id.clone(),
+            url: d.url.as_str().to_string(),
+            tenant: d.tenant.clone(),
+            event_types: d.event_types.clone(),
+            enabled: d.enabled,
+            timeout: d.timeout,
+            max_concurrency: d.max_concurrency,
+            secrets: d
+                .secrets
+                .iter()
+                .map(|s| SigningSecret {
+                    secret: s.to_text(),
+                    expires_at_ms: None,
+                })
+                .collect(),
+            managed_by,
+            disabled_reason: (!d.enabled).then(|| why_disabled.to_string()),
+            created_at_ms: current.map_or(now, |c| c.created_at_ms),
+            updated_at_ms: now,
+            version: current.map_or(1, |c| c.version + 1),
+            problem: None,
+            needs_reencryption: false,
+        }
+    }
+
     /// The record of this endpoint, every secret sealed afresh with the current key (none for a
     /// file-managed endpoint: its secrets stay in the config file).
     pub fn to_record(&self, keyring: &Keyring) -> Result<EndpointRecord, CryptoError> {

@@ -8,7 +8,7 @@ use std::time::Duration;
 use hookline_common::config::EndpointConfig;
 
 use crate::crypto::CryptoError;
-use crate::endpoint::{rotated, validate, Endpoint, FieldError, SigningSecret};
+use crate::endpoint::{rotated, validate, Endpoint, FieldError};
 use crate::operational::OperationalEvent;
 use crate::record::ManagedBy;
 use crate::registry::Registry;
@@ -120,30 +120,7 @@ impl Registry {
                 if current.is_some() {
                     return Err(WriteError::AlreadyExists { id: id.clone() });
                 }
-                let e = Endpoint {
-                    id: def.id.clone(),
-                    url: def.url.as_str().to_string(),
-                    tenant: def.tenant.clone(),
-                    event_types: def.event_types.clone(),
-                    enabled: def.enabled,
-                    timeout: def.timeout,
-                    max_concurrency: def.max_concurrency,
-                    secrets: def
-                        .secrets
-                        .iter()
-                        .map(|s| SigningSecret {
-                            secret: s.to_text(),
-                            expires_at_ms: None,
-                        })
-                        .collect(),
-                    managed_by: ManagedBy::Api,
-                    disabled_reason: (!def.enabled).then(|| "manual".to_string()),
-                    created_at_ms: now,
-                    updated_at_ms: now,
-                    version: 1,
-                    problem: None,
-                    needs_reencryption: false,
-                };
+                let e = Endpoint::from_definition(&def, ManagedBy::Api, None, now);
                 Ok((Change::Put(Box::new(e)), None))
             })
             .await;

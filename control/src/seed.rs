@@ -18,7 +18,7 @@
 
 use hookline_common::config::EndpointConfig;
 
-use crate::endpoint::{validate, Endpoint, SigningSecret};
+use crate::endpoint::{validate, Endpoint};
 use crate::ops::WriteError;
 use crate::record::ManagedBy;
 use crate::registry::Registry;
@@ -40,30 +40,7 @@ fn same(e: &Endpoint, d: &EndpointConfig) -> bool {
 
 /// The file's endpoint as the registry holds it, replacing `current` (if any) at `now`.
 fn from_file(d: &EndpointConfig, current: Option<&Endpoint>, now: i64) -> Endpoint {
-    Endpoint {
-        id: d.id.clone(),
-        url: d.url.as_str().to_string(),
-        tenant: d.tenant.clone(),
-        event_types: d.event_types.clone(),
-        enabled: d.enabled,
-        timeout: d.timeout,
-        max_concurrency: d.max_concurrency,
-        secrets: d
-            .secrets
-            .iter()
-            .map(|s| SigningSecret {
-                secret: s.to_text(),
-                expires_at_ms: None,
-            })
-            .collect(),
-        managed_by: ManagedBy::File,
-        disabled_reason: (!d.enabled).then(|| "config file".to_string()),
-        created_at_ms: current.map_or(now, |c| c.created_at_ms),
-        updated_at_ms: now,
-        version: current.map_or(1, |c| c.version + 1),
-        problem: None,
-        needs_reencryption: false,
-    }
+    Endpoint::from_definition(d, ManagedBy::File, current, now)
 }
 
 /// Writes the file's endpoints where the topic differs; deletes file-managed endpoints the file
