@@ -14,6 +14,7 @@
 //! - [`rebalance`]: the one way consumer stages handle rebalances (bounded revoke protocol,
 //!   changes posted to the loop).
 //! - [`ops`]: `/metrics`, `/healthz`, `/readyz`; [`telemetry`]: logging; [`shutdown`]: SIGTERM.
+//! - [`table`]: aligned text tables for the command line.
 //! - [`clock`]: the wall clock in unix ms / s (one helper for every stage).
 //! - [`keyhash`]: the stable 128-bit hash of dedupe keys and the partition it picks.
 //! - [`produce`]: produce errors classified (permanent / transient / fatal) and acknowledged
@@ -42,6 +43,7 @@ pub mod recordsize;
 pub mod replays;
 pub mod secret;
 pub mod shutdown;
+pub mod table;
 pub mod telemetry;
 pub mod topics;
 

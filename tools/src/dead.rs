@@ -266,9 +266,8 @@ pub async fn list(
             "REASON",
             "ATTEMPTS",
             "LAST ERROR",
-        ]
-        .map(String::from);
-        write_table(out, &header, &rows)?;
+        ];
+        hookline_common::table::write_table(out, &header, &rows)?;
         writeln!(out, "{count} dead deliveries")?;
     }
     Ok(count)
@@ -299,28 +298,6 @@ fn table_row(r: &DeadRecord) -> [String; 9] {
             delivery::truncate(e, 60),
         ],
     }
-}
-
-fn write_table(
-    out: &mut (dyn Write + Send),
-    header: &[String; 9],
-    rows: &[[String; 9]],
-) -> std::io::Result<()> {
-    let mut widths = header.clone().map(|h| h.chars().count());
-    for row in rows {
-        for (w, cell) in widths.iter_mut().zip(row) {
-            *w = (*w).max(cell.chars().count());
-        }
-    }
-    for row in std::iter::once(header).chain(rows) {
-        let cells: Vec<String> = row
-            .iter()
-            .zip(widths)
-            .map(|(cell, w)| format!("{cell:<w$}"))
-            .collect();
-        writeln!(out, "{}", cells.join("  ").trim_end())?;
-    }
-    Ok(())
 }
 
 /// The JSON form of a dead letter; `replayed` is its entry in `<p>.replays`, if any.
@@ -618,7 +595,7 @@ mod tests {
         assert_eq!(v["body_preview"], "{\"id\":\"evt_1\"}");
         assert_eq!(r.replay_key(), "dlq:2:7");
         let mut out = Vec::new();
-        write_table(&mut out, &row.clone().map(|_| "H".to_string()), &[row]).expect("write");
+        hookline_common::table::write_table(&mut out, &["H"; 9], &[row]).expect("write");
         let text = String::from_utf8(out).expect("utf8");
         assert!(
             text.lines().nth(1).is_some_and(|l| l.starts_with("2:7  ")),
