@@ -402,6 +402,29 @@ pub async fn send_acked_through(
     await_acked_through(producer, record, first, errors, shutdown, gate).await
 }
 
+/// Waits until every record `client`'s producer has queued is acknowledged, up to `timeout`.
+///
+/// Call it before `commit_transaction`. rust-rdkafka's `flush`, which its `commit_transaction`
+/// runs first, sleeps in whole 100 ms polls while any record is unacknowledged (its poll waits
+/// out the full timeout even after the acks are in), so every commit with a record still in
+/// `linger.ms` cost 100 ms and blocked stage B's thread. librdkafka's own flush waits on a
+/// condition and returns at the last ack; the producer must serve its delivery reports on
+/// another thread (a `ThreadedProducer`). Measured with `bench/examples/txn_latency.rs`: commit
+/// p50 101 ms → 1.3 ms (docs/performance.md, run 4).
+pub fn flush_acked<X: rdkafka::ClientContext>(
+    client: &rdkafka::client::Client<X>,
+    timeout: Duration,
+) -> Result<(), KafkaError> {
+    let ms = i32::try_from(timeout.as_millis()).unwrap_or(i32::MAX);
+    // SAFETY: `client` is a live handle for the call's duration, and librdkafka's
+    // `rd_kafka_flush` is thread-safe (it only waits for the in-flight count to drop).
+    let code = unsafe { rdkafka::bindings::rd_kafka_flush(client.native_ptr(), ms) };
+    match C::from(code) {
+        C::NoError => Ok(()),
+        e => Err(KafkaError::Flush(e)),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
