@@ -173,7 +173,9 @@ pub struct DedupeConfig {
     pub window: Duration,
     /// Per event type dedupe keys; the first rule whose glob matches `type` wins, else `/id`.
     pub keys: Vec<DedupeKeyRule>,
-    /// How long stage B collects records before committing one transaction.
+    /// How long stage B collects records before committing one transaction: the longest a
+    /// record waits in stage B before the dispatcher can read it. 50 ms: p99 end to end 91 ms at
+    /// 4,000 events/s vs 140–149 ms at 100 ms, same CPU (docs/performance.md, run 4).
     #[serde(with = "humantime_serde")]
     pub batch_interval: Duration,
     pub batch_max_records: usize,
@@ -184,7 +186,7 @@ impl Default for DedupeConfig {
         DedupeConfig {
             window: Duration::from_secs(86_400),
             keys: Vec::new(),
-            batch_interval: Duration::from_millis(100),
+            batch_interval: Duration::from_millis(50),
             batch_max_records: 5_000,
         }
     }
