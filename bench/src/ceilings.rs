@@ -4,8 +4,8 @@
 //!   redirects, no proxy, TCP_NODELAY) with the dispatcher's concurrency POSTs the same 1 KiB
 //!   bodies, signed per request with the same `signing::sign`, to the same sink. No Kafka.
 //! - **Kafka**: the same records produced to and consumed from one topic with the stages' client
-//!   settings (`kafka::producer_config`, `kafka::consumer_config`: idempotent producer, lz4,
-//!   linger 5 ms; read_committed consumer), timed from the first send to the last record read.
+//!   settings (`kafka::producer_config`, `kafka::pipeline_consumer_config`: idempotent producer, lz4,
+//!   linger 10 ms; read_committed consumer), timed from the first send to the last record read.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -20,7 +20,7 @@ use rdkafka::{Offset, TopicPartitionList};
 use serde::Serialize;
 
 use hookline_common::config::Config;
-use hookline_common::kafka::{base_config, consumer_config, producer_config};
+use hookline_common::kafka::{base_config, pipeline_consumer_config, producer_config};
 use hookline_delivery::signing;
 
 use crate::load::{self, Planned};
@@ -144,7 +144,8 @@ pub async fn kafka(
     {
         r.map_err(|(t, e)| anyhow::anyhow!("creating {t}: {e}"))?;
     }
-    let consumer: BaseConsumer = consumer_config(config, "bench-kafka-ceiling").create()?;
+    let consumer: BaseConsumer =
+        pipeline_consumer_config(config, "bench-kafka-ceiling").create()?;
     wait_for_topic(&consumer, topic, partitions)?;
     let mut tpl = TopicPartitionList::new();
     for p in 0..partitions {

@@ -52,7 +52,7 @@ use rdkafka::{Offset, TopicPartitionList};
 use hookline_common::config::Config;
 use hookline_common::event_headers::EventHeaders;
 use hookline_common::kafka::{
-    consumer_config, producer_config, require_topics, retry_transient, TOPICS_WAIT,
+    pipeline_consumer_config, producer_config, require_topics, retry_transient, TOPICS_WAIT,
 };
 use hookline_common::keyhash::key_hash;
 use hookline_common::ops::StageProbe;
@@ -487,7 +487,7 @@ fn run_blocking(
         watchdog,
         to_resume: Vec::new(),
     }));
-    let mut ccfg = consumer_config(&config, STAGE);
+    let mut ccfg = pipeline_consumer_config(&config, STAGE);
     // Offsets are committed inside the transactions, never by the consumer.
     ccfg.set("enable.auto.commit", "false");
     let consumer: BaseConsumer<DedupeContext> = ccfg

@@ -27,7 +27,7 @@ use rdkafka::TopicPartitionList;
 use hookline_common::config::Config;
 use hookline_common::envelope::{Invalid, Validator};
 use hookline_common::event_headers::EventHeaders;
-use hookline_common::kafka::{consumer_config, producer_config, AssignmentProbe};
+use hookline_common::kafka::{pipeline_consumer_config, producer_config, AssignmentProbe};
 use hookline_common::keyhash::{key_hash, partition_for};
 use hookline_common::ops::StageProbe;
 use hookline_common::produce::{self, owned_headers, OwnedRecord, ProduceErrors, SendError};
@@ -82,7 +82,7 @@ pub async fn run(
     let metrics = ValidateMetrics::new(&registry).context("registering stage A metrics")?;
     let validator = Validator::new(&config.input, &config.dedupe.keys);
     // Ready once the group assigned this member its partitions (see `AssignmentProbe`).
-    let consumer: StreamConsumer<AssignmentProbe> = consumer_config(&config, STAGE)
+    let consumer: StreamConsumer<AssignmentProbe> = pipeline_consumer_config(&config, STAGE)
         .create_with_context(AssignmentProbe::new(probe.clone()))
         .context("creating the stage A consumer")?;
     let producer: FutureProducer = producer_config(&config)

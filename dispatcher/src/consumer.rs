@@ -66,7 +66,7 @@ use tracing::{debug, info, warn};
 
 use hookline_common::config::Config;
 use hookline_common::event_headers::EventHeaders;
-use hookline_common::kafka::{consumer_config, producer_config};
+use hookline_common::kafka::{pipeline_consumer_config, producer_config};
 use hookline_common::ops::StageProbe;
 use hookline_common::produce::ProduceErrors;
 use hookline_common::rebalance::{self, Rebalanced};
@@ -133,7 +133,7 @@ pub async fn run(
         revoke_wait: config.dispatcher.shutdown_grace.min(REVOKE_WAIT_CAP),
         probe: probe.clone(),
     };
-    let consumer: StreamConsumer<DispatchContext> = consumer_config(&config, STAGE)
+    let consumer: StreamConsumer<DispatchContext> = pipeline_consumer_config(&config, STAGE)
         .create_with_context(context)
         .context("creating the dispatcher consumer")?;
     let producer: FutureProducer = producer_config(&config)
