@@ -51,6 +51,9 @@ const SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
 /// Sink endpoint index of isolation endpoint `iso-0` (`iso-j` is `ISO_BASE + j`).
 const ISO_BASE: u16 = 100;
 const ISO_ENDPOINTS: u16 = 100;
+/// Sink endpoint index of in-flight endpoint `slow-0` (`slow-j` is `SLOW_BASE + j`).
+const SLOW_BASE: u16 = 300;
+const SLOW_ENDPOINTS: u16 = 100;
 /// The retry schedule of the bench: failures reach the DLQ within seconds.
 const SCHEDULE: &str = r#"["0s", "1s", "2s"]"#;
 
@@ -243,6 +246,40 @@ pub async fn run(opts: Options) -> anyhow::Result<Report> {
     }
     sink.set_hanging(false);
 
+    // 5. In flight: events fanned out to 100 endpoints whose requests the sink holds, so the
+    // dispatcher has `--inflight` deliveries open at once; its RSS sampled meanwhile.
+    let inflight = if opts.inflight > 0 {
+        sink.set_slow_delay(opts.inflight_hold);
+        let quiet = load::Mix {
+            duplicate_ratio: 0.0,
+            failing_fraction: 0.0,
+            invalid_fraction: 0.0,
+            ..mix.clone()
+        };
+        let spec = phases::RunSpec {
+            name: "inflight".into(),
+            tag: "if".into(),
+            plan: load::plan("if", inflight_events(&opts), 1, &quiet, 6),
+            tenants: vec!["slow".into()],
+            rate: None,
+            payload_bytes: opts.payload_bytes,
+            expect: Box::new(|r: &load::Planned| match r {
+                load::Planned::Fresh { .. } => ledger::Expect {
+                    healthy: (SLOW_BASE..SLOW_BASE + SLOW_ENDPOINTS).collect(),
+                    dead: 0,
+                },
+                _ => ledger::Expect::default(),
+            }),
+            exclude_from_healthy: None,
+            hops: false,
+        };
+        let (result, probe) = inflight_run(&mut ctx, &spec, &opts).await?;
+        runs.push(result);
+        Some(probe)
+    } else {
+        None
+    };
+
     // Peak RSS before the processes go away, then a graceful stop.
     let peak_rss: BTreeMap<String, u64> = stages::STAGES
         .iter()
@@ -287,6 +324,7 @@ pub async fn run(opts: Options) -> anyhow::Result<Report> {
         runs,
         ratios,
         sustainable: found,
+        inflight,
         peak_rss,
         redelivered,
         valid,
@@ -297,6 +335,62 @@ pub async fn run(opts: Options) -> anyhow::Result<Report> {
     std::fs::write(&json_path, serde_json::to_vec_pretty(&report)?)
         .with_context(|| format!("writing {}", json_path.display()))?;
     Ok(report)
+}
+
+/// Events of the in-flight run: each is delivered to all 100 slow endpoints.
+fn inflight_events(opts: &Options) -> usize {
+    opts.inflight.div_ceil(usize::from(SLOW_ENDPOINTS)).max(1)
+}
+
+/// Runs `spec` while sampling the dispatcher's in-flight gauge and RSS every 100 ms.
+async fn inflight_run(
+    ctx: &mut phases::Ctx<'_>,
+    spec: &phases::RunSpec,
+    opts: &Options,
+) -> anyhow::Result<(report::RunResult, report::Inflight)> {
+    let dispatcher = ctx
+        .stages
+        .procs
+        .iter()
+        .find(|p| p.name == "dispatcher")
+        .context("no dispatcher stage")?;
+    let (pid, metrics_url) = (dispatcher.pid, format!("http://{}/metrics", dispatcher.ops));
+    let sink = ctx.sink;
+    let mib = |b: u64| b as f64 / (1024.0 * 1024.0);
+    let mut probe = report::Inflight {
+        target: opts.inflight,
+        hold_s: opts.inflight_hold.as_secs_f64(),
+        rss_before_mib: mib(stages::current_rss(pid)?),
+        ..Default::default()
+    };
+    let http = reqwest::Client::builder()
+        .no_proxy()
+        .timeout(Duration::from_secs(2))
+        .build()?;
+    let run = phases::run(ctx, spec);
+    tokio::pin!(run);
+    let result = loop {
+        tokio::select! {
+            r = &mut run => break r?,
+            _ = tokio::time::sleep(Duration::from_millis(100)) => {
+                let Ok(resp) = http.get(&metrics_url).send().await else { continue };
+                let Ok(text) = resp.text().await else { continue };
+                let now = stages::sum_metric(
+                    &text,
+                    "hookline_delivery_inflight_requests",
+                    Some(("stage", "dispatcher")),
+                ) as u64;
+                let rss = mib(stages::current_rss(pid)?);
+                probe.rss_max_mib = probe.rss_max_mib.max(rss);
+                if now > probe.peak_inflight {
+                    probe.peak_inflight = now;
+                    probe.sink_open_at_peak = sink.slow_open();
+                    probe.rss_at_peak_mib = rss;
+                }
+            }
+        }
+    };
+    Ok((result, probe))
 }
 
 /// The config every stage process runs with (`server.listen` is set per process).
@@ -324,7 +418,8 @@ fn stage_config(opts: &Options, prefix: &str, sink: &sink::Sink) -> String {
                         path: &str,
                         tenant: &str,
                         types: &str,
-                        timeout: Option<Duration>| {
+                        timeout: Option<Duration>,
+                        max_concurrency: Option<usize>| {
         let _ = write!(
             t,
             "\n[[endpoints]]\nid = \"{id}\"\nurl = \"{}\"\nsecrets = [\"{SECRET}\"]\ntenant = \"{tenant}\"\nevent_types = [\"{types}\"]\n",
@@ -332,6 +427,9 @@ fn stage_config(opts: &Options, prefix: &str, sink: &sink::Sink) -> String {
         );
         if let Some(d) = timeout {
             let _ = writeln!(t, "timeout = \"{}ms\"", d.as_millis());
+        }
+        if let Some(n) = max_concurrency {
+            let _ = writeln!(t, "max_concurrency = {n}");
         }
     };
     for i in 0..opts.endpoints_per_event {
@@ -341,9 +439,10 @@ fn stage_config(opts: &Options, prefix: &str, sink: &sink::Sink) -> String {
             "main",
             "bench.*",
             None,
+            None,
         );
     }
-    endpoint("main-fail", "fail/0", "main", load::FAIL_TYPE, None);
+    endpoint("main-fail", "fail/0", "main", load::FAIL_TYPE, None, None);
     for j in 0..ISO_ENDPOINTS {
         let path = if j == 0 {
             format!("hang/{ISO_BASE}")
@@ -357,6 +456,19 @@ fn stage_config(opts: &Options, prefix: &str, sink: &sink::Sink) -> String {
             &tenant,
             "bench.*",
             Some(opts.hang_timeout),
+            None,
+        );
+    }
+    // Enough slots that the in-flight run's deliveries never queue (a queue would be deferred).
+    let slots = inflight_events(opts) + 16;
+    for j in 0..SLOW_ENDPOINTS {
+        endpoint(
+            &format!("slow-{j}"),
+            &format!("slow/{}", SLOW_BASE + j),
+            "slow",
+            "bench.*",
+            None,
+            Some(slots),
         );
     }
     t

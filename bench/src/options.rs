@@ -81,6 +81,15 @@ pub struct Options {
     #[arg(long, value_parser = humantime::parse_duration, default_value = "2s")]
     #[serde(with = "secs")]
     pub hang_timeout: Duration,
+    /// Deliveries the in-flight run holds open at once (0: skip it): events fanned out to 100
+    /// endpoints whose sink holds every request for `--inflight-hold`, to read the dispatcher's
+    /// RSS with that many deliveries in flight.
+    #[arg(long, default_value_t = 10_000)]
+    pub inflight: usize,
+    /// How long the sink holds each request of the in-flight run (below the 10 s timeout).
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "5s")]
+    #[serde(with = "secs")]
+    pub inflight_hold: Duration,
     /// Concurrent requests of the HTTP ceiling client (default: what the dispatcher may have in
     /// flight to the pipeline's endpoints: endpoint_concurrency x endpoints per event).
     #[arg(long)]
@@ -110,6 +119,8 @@ impl Options {
             self.search_duration = Duration::from_secs(2);
             self.isolation_events = 500;
             self.hang_timeout = Duration::from_secs(1);
+            self.inflight = 500;
+            self.inflight_hold = Duration::from_secs(1);
         }
         self
     }
@@ -150,6 +161,14 @@ impl Options {
             "--payload-bytes must be 200..=524288"
         );
         anyhow::ensure!(self.partitions >= 1, "--partitions must be at least 1");
+        anyhow::ensure!(
+            self.inflight <= 50_000,
+            "--inflight must be at most 50000 (each is an open socket on both sides)"
+        );
+        anyhow::ensure!(
+            self.inflight_hold < Duration::from_secs(10),
+            "--inflight-hold must stay below the endpoints' 10 s timeout"
+        );
         anyhow::ensure!(
             self.hookline.exists(),
             "--hookline {} does not exist: build it with `cargo build --release --bin hookline`",

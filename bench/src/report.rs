@@ -96,6 +96,24 @@ pub struct Ratios {
     pub isolation: Option<f64>,
 }
 
+/// The in-flight run: the dispatcher holding many deliveries open at once (the sink holds each
+/// request), sampled every 100 ms.
+#[derive(Debug, Clone, Serialize, Default)]
+pub struct Inflight {
+    /// Deliveries the run meant to hold open at once.
+    pub target: usize,
+    pub hold_s: f64,
+    /// Highest `hookline_delivery_inflight_requests{stage="dispatcher"}` sampled.
+    pub peak_inflight: u64,
+    /// Requests the sink was holding at that sample.
+    pub sink_open_at_peak: u64,
+    /// Dispatcher VmRSS at that sample and before the run, MiB.
+    pub rss_at_peak_mib: f64,
+    pub rss_before_mib: f64,
+    /// Highest dispatcher VmRSS sampled during the run, MiB.
+    pub rss_max_mib: f64,
+}
+
 #[derive(Debug, Clone, Serialize)]
 pub struct Report {
     pub date: String,
@@ -109,6 +127,8 @@ pub struct Report {
     pub ratios: Ratios,
     /// The bisection for the max sustainable rate.
     pub sustainable: crate::search::Found,
+    /// The in-flight run (None when skipped).
+    pub inflight: Option<Inflight>,
     /// VmHWM of each stage process at the end, bytes.
     pub peak_rss: BTreeMap<String, u64>,
     /// (id, endpoint) pairs the sink received more than once (at-least-once re-sends).
@@ -332,6 +352,31 @@ impl Report {
             ratio(self.ratios.pipeline_over_kafka, max_valid),
             ratio(self.ratios.isolation, iso_valid)
         );
+        if let Some(i) = &self.inflight {
+            let valid = self
+                .runs
+                .iter()
+                .filter(|r| r.name == "inflight")
+                .all(|r| r.ledger.balanced);
+            let _ = writeln!(
+                t,
+                "in flight (sink holds each request {:.1} s): {}",
+                i.hold_s,
+                if valid {
+                    format!(
+                        "peak {} deliveries in flight (target {}, sink holding {}); dispatcher RSS {:.1} MiB at the peak, {:.1} MiB max, {:.1} MiB before",
+                        num(i.peak_inflight as f64),
+                        num(i.target as f64),
+                        num(i.sink_open_at_peak as f64),
+                        i.rss_at_peak_mib,
+                        i.rss_max_mib,
+                        i.rss_before_mib
+                    )
+                } else {
+                    "INVALID".into()
+                }
+            );
+        }
         let _ = writeln!(
             t,
             "\nledger: produced = delivered + deduplicated + dead + invalid"

@@ -5,7 +5,9 @@
 //! - `/e/{n}`: 204, booked as a delivery to endpoint `n`;
 //! - `/fail/{n}`: 500 (the failing endpoint: its deliveries go through the tiers to the DLQ);
 //! - `/hang/{n}`: while hanging is switched on, never answers (the client gives up at its
-//!   timeout and hyper drops the request); otherwise like `/e/{n}`.
+//!   timeout and hyper drops the request); otherwise like `/e/{n}`;
+//! - `/slow/{n}`: like `/e/{n}` after holding the request for the slow delay (the in-flight
+//!   run: the dispatcher holds every delivery open that long).
 //!
 //! A delivery is keyed by (`webhook-id`, endpoint): the first 2xx is booked with its receipt time
 //! and the `data.sched_ns` stamp found in the body; later copies count as redeliveries. The HTTP
@@ -50,6 +52,10 @@ struct SinkState {
     /// Requests held on `/hang` (each ends at the client's timeout).
     hung: AtomicU64,
     hang: AtomicBool,
+    /// How long `/slow` holds a request, in ms.
+    slow_ms: AtomicU64,
+    /// Requests being held on `/slow` right now.
+    slow_open: AtomicU64,
 }
 
 /// A running sink; stops when dropped.
@@ -68,6 +74,7 @@ impl Sink {
             .route("/e/{n}", post(deliver))
             .route("/fail/{n}", post(fail))
             .route("/hang/{n}", post(hang))
+            .route("/slow/{n}", post(slow))
             .with_state(state.clone());
         let task = tokio::spawn(async move {
             if let Err(e) = axum::serve(listener, app).await {
@@ -84,6 +91,18 @@ impl Sink {
     /// Switches the `/hang` paths between hanging and answering 204.
     pub fn set_hanging(&self, on: bool) {
         self.state.hang.store(on, Ordering::SeqCst);
+    }
+
+    /// How long `/slow` holds each request.
+    pub fn set_slow_delay(&self, d: std::time::Duration) {
+        self.state
+            .slow_ms
+            .store(d.as_millis() as u64, Ordering::SeqCst);
+    }
+
+    /// Requests held on `/slow` right now.
+    pub fn slow_open(&self) -> u64 {
+        self.state.slow_open.load(Ordering::Relaxed)
     }
 
     pub fn delivered_total(&self) -> u64 {
@@ -145,6 +164,19 @@ async fn hang(
         // Never answers: the dispatcher's timeout ends the exchange and hyper drops this.
         std::future::pending::<()>().await;
     }
+    book(&state, n, &headers, &body)
+}
+
+async fn slow(
+    State(state): State<Arc<SinkState>>,
+    Path(n): Path<u16>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> StatusCode {
+    state.slow_open.fetch_add(1, Ordering::Relaxed);
+    let hold = state.slow_ms.load(Ordering::SeqCst);
+    tokio::time::sleep(std::time::Duration::from_millis(hold)).await;
+    state.slow_open.fetch_sub(1, Ordering::Relaxed);
     book(&state, n, &headers, &body)
 }
 

@@ -246,14 +246,23 @@ pub fn machine_busy_seconds() -> anyhow::Result<f64> {
 
 /// VmHWM (peak RSS) of a process in bytes.
 pub fn peak_rss(pid: u32) -> anyhow::Result<u64> {
+    proc_status_bytes(pid, "VmHWM:")
+}
+
+/// Resident set size of a process now, in bytes (`VmRSS`).
+pub fn current_rss(pid: u32) -> anyhow::Result<u64> {
+    proc_status_bytes(pid, "VmRSS:")
+}
+
+fn proc_status_bytes(pid: u32, field: &str) -> anyhow::Result<u64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status"))
         .with_context(|| format!("reading /proc/{pid}/status"))?;
     status
         .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .find_map(|l| l.strip_prefix(field))
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
         .map(|kb| kb * 1024)
-        .with_context(|| format!("no VmHWM in /proc/{pid}/status"))
+        .with_context(|| format!("no {field} in /proc/{pid}/status"))
 }
 
 /// Sums the samples of `name` in Prometheus text format, only those carrying `label` if given.

@@ -27,7 +27,7 @@ async fn smoke_run_balances_every_ledger_and_reports_every_number() {
     let names: Vec<&str> = report.runs.iter().map(|r| r.name.as_str()).collect();
     assert_eq!(
         names,
-        ["max", "search-1", "lat-50%", "lat-90%", "iso-base", "iso-hang"],
+        ["max", "search-1", "lat-50%", "lat-90%", "iso-base", "iso-hang", "inflight"],
         "{table}"
     );
     for r in &report.runs {
@@ -37,7 +37,13 @@ async fn smoke_run_balances_every_ledger_and_reports_every_number() {
             l.produced,
             l.delivered + l.deduplicated + l.dead + l.invalid
         );
-        assert!(l.deduplicated > 0 && l.delivered > 0, "{}: {l:?}", r.name);
+        // The in-flight run sends fresh events only, so its held count is exact.
+        let dups_expected = r.name != "inflight";
+        assert!(
+            (l.deduplicated > 0) == dups_expected && l.delivered > 0,
+            "{}: {l:?}",
+            r.name
+        );
         assert!(r.deliveries > 0 && r.sustained_per_s > 0.0, "{}", r.name);
         assert!(r.latency.samples > 0 && r.latency.p99_ms >= r.latency.p50_ms);
         assert!(r.latency.p999_ms >= r.latency.p99_ms, "{}", r.name);
@@ -96,7 +102,15 @@ async fn smoke_run_balances_every_ledger_and_reports_every_number() {
     let json: serde_json::Value =
         serde_json::from_slice(&std::fs::read(path).expect("read json")).expect("json");
     assert_eq!(json["valid"], true);
-    assert_eq!(json["runs"].as_array().map(Vec::len), Some(6));
+    assert_eq!(json["runs"].as_array().map(Vec::len), Some(7));
+    // The in-flight run saw the dispatcher hold deliveries open and read its RSS meanwhile.
+    let inflight = report.inflight.as_ref().expect("in-flight run");
+    assert!(
+        inflight.peak_inflight > 0 && inflight.sink_open_at_peak > 0,
+        "{inflight:?}\n{table}"
+    );
+    assert!(inflight.rss_at_peak_mib > 0.0 && inflight.rss_max_mib >= inflight.rss_at_peak_mib);
+    assert_eq!(run("inflight").deliveries, 500, "5 events x 100 endpoints");
     assert!(table.contains("sustainable / HTTP ceiling") && !table.contains("INVALID"));
     let _ = std::fs::remove_dir_all(&out);
 }
