@@ -220,6 +220,10 @@ pub(crate) struct Core {
     /// (a dispatch record without its changelog record), so nothing may commit it any more —
     /// not even the revoke callback that runs while the consumer closes.
     pub(crate) failed: bool,
+    /// The open transaction is in librdkafka's abortable-error state (a record of it was
+    /// refused, e.g. larger than a topic's lowered limit): later sends in it fail with
+    /// `State`. The batch is due at once; its commit fails and aborts, rewinds and replays it.
+    pub(crate) doomed: bool,
     /// The group gave this member an assignment (possibly empty) that it has not lost since.
     pub(crate) joined: bool,
     pub(crate) probe: StageProbe,
@@ -371,10 +375,23 @@ impl Core {
 
     /// Enqueues a record in the open transaction. `Ok(Some(e))`: refused for good (e.g. larger
     /// than the producer's `message.max.bytes`), the caller reroutes it.
-    fn send(&self, mut rec: BaseRecord<'_, [u8], [u8]>) -> anyhow::Result<Option<KafkaError>> {
+    fn send(&mut self, mut rec: BaseRecord<'_, [u8], [u8]>) -> anyhow::Result<Option<KafkaError>> {
         loop {
             match self.producer.send(rec) {
                 Ok(()) => return Ok(None),
+                Err((KafkaError::MessageProduction(RDKafkaErrorCode::State), _))
+                    if self.txn_open =>
+                {
+                    // The transaction already failed (a record of it was refused); nothing
+                    // more can join it. Not this record's fault: the abort replays it.
+                    if !self.doomed {
+                        tracing::warn!(
+                            "the dedupe transaction is in an abortable error; aborting and replaying its batch"
+                        );
+                    }
+                    self.doomed = true;
+                    return Ok(None);
+                }
                 Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), r)) => {
                     rec = r;
                     std::thread::sleep(Duration::from_millis(5));
@@ -393,7 +410,11 @@ impl Core {
 
     /// Writes the bounded `record_too_large` quarantine record of a `<p>.dedupe` record that
     /// cannot be forwarded, in the open transaction.
-    fn quarantine_too_large(&self, msg: &BorrowedMessage<'_>, problem: &str) -> anyhow::Result<()> {
+    fn quarantine_too_large(
+        &mut self,
+        msg: &BorrowedMessage<'_>,
+        problem: &str,
+    ) -> anyhow::Result<()> {
         let invalid = self.topics.invalid();
         let headers: Vec<(String, Option<Vec<u8>>)> = msg
             .headers()
@@ -482,6 +503,7 @@ fn run_blocking(
         txn_started: Instant::now(),
         fatal: None,
         failed: false,
+        doomed: false,
         joined: false,
         probe: probe.clone(),
         watchdog,

@@ -93,7 +93,8 @@ impl Core {
 
     pub(crate) fn batch_due(&self) -> bool {
         self.txn_open
-            && (self.batch_records >= self.config.dedupe.batch_max_records
+            && (self.doomed
+                || self.batch_records >= self.config.dedupe.batch_max_records
                 || self.txn_started.elapsed() >= self.config.dedupe.batch_interval)
     }
 
@@ -116,6 +117,7 @@ impl Core {
                 Ok(()) => {
                     self.metrics.emit_commit(self.batch_records);
                     self.txn_open = false;
+                    self.doomed = false;
                     self.batch.clear();
                     self.batch_records = 0;
                     return Ok(());
@@ -201,6 +203,7 @@ impl Core {
         }
         self.batch.clear();
         self.batch_records = 0;
+        self.doomed = false;
         Ok(())
     }
 
