@@ -405,6 +405,9 @@ fn stage_config(opts: &Options, prefix: &str, sink: &sink::Sink) -> String {
         bs = opts.bootstrap,
         p = opts.partitions,
     );
+    if opts.no_delivery_log {
+        t.push_str("\n[control]\ndelivery_log = false\n");
+    }
     if let Some(d) = opts.batch_interval {
         let _ = write!(t, "\n[dedupe]\nbatch_interval = \"{}ms\"\n", d.as_millis());
     }

@@ -74,6 +74,9 @@ pub struct Options {
     #[arg(long, value_parser = humantime::parse_duration)]
     #[serde(with = "opt_secs")]
     pub batch_interval: Option<Duration>,
+    /// Run the stages with `control.delivery_log = false`, to measure the delivery log's cost.
+    #[arg(long)]
+    pub no_delivery_log: bool,
     /// Records produced in each isolation run (spread over 100 endpoints).
     #[arg(long, default_value_t = 10_000)]
     pub isolation_events: usize,

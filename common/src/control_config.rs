@@ -51,6 +51,16 @@ pub struct ControlConfig {
     /// this many endpoints; above it the label is `_all` (bounded series). 0: never per endpoint.
     #[serde(default = "default_metrics_endpoint_limit")]
     pub metrics_endpoint_limit: usize,
+    /// Write every attempt to the delivery log `<p>.attempts` (default). `false`: nothing is
+    /// written, so `hookline trace`, the API's attempts, endpoint health and the dashboard's
+    /// recent attempts have no data; for measuring the log's cost, or an install that does not
+    /// want it.
+    #[serde(default = "default_delivery_log")]
+    pub delivery_log: bool,
+}
+
+const fn default_delivery_log() -> bool {
+    true
 }
 
 const fn default_metrics_endpoint_limit() -> usize {
@@ -91,6 +101,7 @@ impl Default for ControlConfig {
             auto_disable_after: None,
             operational_retention: default_operational_retention(),
             metrics_endpoint_limit: default_metrics_endpoint_limit(),
+            delivery_log: default_delivery_log(),
         }
     }
 }

@@ -29,6 +29,8 @@ pub struct Plane {
     /// This process's `[[endpoints]]`: what file-managed endpoints are here (see
     /// [`Plane::live_endpoints`]).
     file: Arc<Vec<EndpointConfig>>,
+    /// `control.delivery_log`: whether [`Plane::observer`] writes attempts.
+    delivery_log: bool,
 }
 
 impl Plane {
@@ -65,6 +67,7 @@ impl Plane {
             registry,
             log: Arc::new(log),
             file: Arc::new(config.endpoints.clone()),
+            delivery_log: config.control.delivery_log,
         })
     }
 
@@ -90,9 +93,14 @@ impl Plane {
         live
     }
 
-    /// The hook that writes every attempt to the delivery log.
+    /// The hook that writes every attempt to the delivery log (observes nothing when
+    /// `control.delivery_log` is off).
     pub fn observer(&self) -> Arc<dyn AttemptObserver> {
-        Arc::new(LogObserver(self.log.clone()))
+        if self.delivery_log {
+            Arc::new(LogObserver(self.log.clone()))
+        } else {
+            Arc::new(hookline_delivery::NoObserver)
+        }
     }
 
     /// Flushes the delivery log if this is the last handle on it (bounded).

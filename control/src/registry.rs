@@ -193,13 +193,25 @@ async fn apply_loop(
     let positions = tail.positions();
     let mut set = EndpointSet::default();
     let mut pending = 0usize;
+    // While catching up, older versions of an endpoint pass by before its current one: a secret
+    // only an old version holds (sealed with a retired key) is no problem. Problems are logged
+    // once caught up, for the current versions only, then per record.
+    let mut caught_up = covers(&positions.borrow(), &ends);
     loop {
         let msg = tail.next().await;
         if let Some(m) = &msg {
-            apply(&mut set, m, &keyring, &metrics);
+            apply(&mut set, m, &keyring, &metrics, caught_up);
             pending += 1;
         }
         let now = positions.borrow().clone();
+        if !caught_up && covers(&now, &ends) {
+            caught_up = true;
+            for e in set.iter() {
+                if let Some(problem) = &e.problem {
+                    log_unopenable(&e.id, problem);
+                }
+            }
+        }
         let moved = now != tx.borrow().positions;
         if (msg.is_none() && (pending > 0 || moved)) || pending >= PUBLISH_EVERY {
             pending = 0;
@@ -218,12 +230,17 @@ async fn apply_loop(
     }
 }
 
-/// Applies one record of `<p>.endpoints` to `set`.
+fn log_unopenable(id: &str, problem: &str) {
+    tracing::error!(endpoint = %id, problem = %problem, "endpoint secret cannot be opened; the endpoint is treated as disabled");
+}
+
+/// Applies one record of `<p>.endpoints` to `set`; `report`: log a secret it cannot open.
 fn apply(
     set: &mut EndpointSet,
     m: &rdkafka::message::OwnedMessage,
     keyring: &Keyring,
     metrics: &RegistryMetrics,
+    report: bool,
 ) {
     let Some(key) = m.key().and_then(|k| std::str::from_utf8(k).ok()) else {
         tracing::warn!(
@@ -242,8 +259,8 @@ fn apply(
     match EndpointRecord::parse(key, value) {
         Ok(r) => {
             let e = Endpoint::from_record(r, keyring);
-            if let Some(problem) = &e.problem {
-                tracing::error!(endpoint = %e.id, problem = %problem, "endpoint secret cannot be opened; the endpoint is treated as disabled");
+            if let (true, Some(problem)) = (report, &e.problem) {
+                log_unopenable(&e.id, problem);
             }
             set.insert(e);
             metrics.record("applied");
