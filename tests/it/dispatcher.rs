@@ -916,3 +916,49 @@ async fn sigterm_mid_stream_sends_nothing_twice_and_loses_nothing() {
         log.display()
     );
 }
+
+/// Every first attempt lands in the delivery log `<p>.attempts`, unless `control.delivery_log`
+/// is off: then the same deliveries happen and the log stays empty.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn first_attempts_are_logged_unless_the_delivery_log_is_off() {
+    require_kafka();
+    let rx = Receiver::start().await;
+    let p = producer();
+    for (name, extra, logged) in [
+        ("on", "", 3usize),
+        ("off", "[control]\ndelivery_log = false\n", 0),
+    ] {
+        let prefix = unique_prefix(&format!("dsp-log-{name}"));
+        let path = format!("log-{name}");
+        let config = test_config(
+            &prefix,
+            &format!("{extra}{}", endpoint(&path, &rx.url(&path), "")),
+        );
+        apply_topics(&config).await;
+        for i in 0..3 {
+            produce_event(
+                &p,
+                &prefix,
+                Some(i % 3),
+                &format!("{name}-{i}"),
+                "t.x",
+                None,
+            )
+            .await;
+        }
+        let running = start_dispatcher(&config);
+        assert_eq!(
+            rx.wait_for(&path, 3, WAIT).await.len(),
+            3,
+            "{name}: delivered"
+        );
+        running.stop().await.expect("dispatcher stops");
+        let attempts = read_all_quiet(
+            &format!("{prefix}.attempts"),
+            logged,
+            WAIT,
+            Duration::from_secs(2),
+        );
+        assert_eq!(attempts.len(), logged, "{name}: delivery log records");
+    }
+}
