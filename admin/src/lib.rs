@@ -175,10 +175,10 @@ pub async fn run(
     shutdown: Shutdown,
     dev: bool,
 ) -> anyhow::Result<()> {
-    let plane = Plane::from_env(&config, &registry).await?;
-    let result = run_with(config, registry, readiness, shutdown, dev, plane.clone()).await;
-    plane.close().await;
-    result
+    Plane::run_own(&config.clone(), &registry.clone(), |plane| {
+        run_with(config, registry, readiness, shutdown, dev, plane)
+    })
+    .await
 }
 
 /// [`run`] on the process's control plane (`run all` shares one between its stages).

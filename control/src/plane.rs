@@ -80,6 +80,24 @@ impl Plane {
         Plane::start(config, keyring, metrics).await
     }
 
+    /// Runs `stage` on a control plane of its own (secrets key from the environment), then
+    /// closes the plane, flushing the delivery log, whatever the stage returned: the `run` of
+    /// every stage whose `run_with` can also share a process's plane (`run all`).
+    pub async fn run_own<F, Fut>(
+        config: &Config,
+        metrics: &prometheus::Registry,
+        stage: F,
+    ) -> anyhow::Result<()>
+    where
+        F: FnOnce(Plane) -> Fut,
+        Fut: std::future::Future<Output = anyhow::Result<()>>,
+    {
+        let plane = Plane::from_env(config, metrics).await?;
+        let result = stage(plane.clone()).await;
+        plane.close().await;
+        result
+    }
+
     /// An endpoint set that follows the registry: replaced on every change, the moment a
     /// rotated-out secret's grace ends, and at least every minute, until no handle of it is left.
     /// File-managed endpoints are this process's own `[[endpoints]]` whatever the topic holds

@@ -36,10 +36,10 @@ pub async fn run(
     readiness: Readiness,
     shutdown: Shutdown,
 ) -> anyhow::Result<()> {
-    let plane = Plane::from_env(&config, &registry).await?;
-    let result = run_with(config, registry, readiness, shutdown, plane.clone()).await;
-    plane.close().await;
-    result
+    Plane::run_own(&config.clone(), &registry.clone(), |plane| {
+        run_with(config, registry, readiness, shutdown, plane)
+    })
+    .await
 }
 
 /// [`run`] on the process's control plane: deliveries go to the registry's endpoints as they

@@ -58,10 +58,10 @@ pub async fn run(
     shutdown: Shutdown,
     tiers: Option<Vec<String>>,
 ) -> anyhow::Result<()> {
-    let plane = Plane::from_env(&config, &registry).await?;
-    let result = run_with(config, registry, readiness, shutdown, tiers, plane.clone()).await;
-    plane.close().await;
-    result
+    Plane::run_own(&config.clone(), &registry.clone(), |plane| {
+        run_with(config, registry, readiness, shutdown, tiers, plane)
+    })
+    .await
 }
 
 /// Runs the worker of every tier of `retry.schedule` and of every orphan tier (a
