@@ -14,6 +14,10 @@ use crate::common::buf::BufList;
 /// The initial buffer size allocated before trying to read from IO.
 pub(crate) const INIT_BUFFER_SIZE: usize = 8192;
 
+/// The adaptive read buffer's first and smallest size (hookline patch: 8 KiB upstream; it
+/// still doubles while reads fill it, so large heads and bodies grow it as before).
+const INIT_READ_BUFFER_SIZE: usize = 1024;
+
 /// The minimum value that can be set to max buffer size.
 pub(crate) const MINIMUM_MAX_BUFFER_SIZE: usize = INIT_BUFFER_SIZE;
 
@@ -384,7 +388,7 @@ impl ReadStrategy {
     fn with_max(max: usize) -> ReadStrategy {
         ReadStrategy::Adaptive {
             decrease_now: false,
-            next: INIT_BUFFER_SIZE,
+            next: INIT_READ_BUFFER_SIZE,
             max,
         }
     }
@@ -420,7 +424,7 @@ impl ReadStrategy {
                     let decr_to = prev_power_of_two(*next);
                     if bytes_read < decr_to {
                         if *decrease_now {
-                            *next = cmp::max(decr_to, INIT_BUFFER_SIZE);
+                            *next = cmp::max(decr_to, INIT_READ_BUFFER_SIZE);
                             *decrease_now = false;
                         } else {
                             // Decreasing is a two "record" process.
