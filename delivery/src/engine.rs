@@ -19,6 +19,8 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use hookline_common::clock::{now_ms, now_secs};
 use hookline_common::config::{EndpointConfig, HttpConfig};
+use http::header::{HeaderValue, USER_AGENT};
+use http::{Method, Request, Uri};
 use prometheus::{IntGauge, Registry};
 use tokio::sync::watch;
 use tracing::{debug, warn};
@@ -45,7 +47,9 @@ pub struct Engine {
 
 struct Inner {
     /// One pooled client for every endpoint: no redirects, no proxy, the guarded resolver.
-    client: reqwest::Client,
+    client: client::HttpClient,
+    /// The `user-agent` of every request (`http.user_agent`).
+    user_agent: HeaderValue,
     guard: Arc<SsrfGuard>,
     timeout: Duration,
     max_response_body_bytes: usize,
@@ -71,10 +75,17 @@ impl Engine {
         let guard = Arc::new(SsrfGuard::new(&http.allow_cidrs).map_err(anyhow::Error::msg)?);
         let limits = EndpointLimits::new(default_endpoint_concurrency);
         let client = client::build(http, guard.clone(), default_endpoint_concurrency.max(1))?;
+        let user_agent = HeaderValue::from_str(&http.user_agent).map_err(|_| {
+            anyhow::anyhow!(
+                "http.user_agent is not a valid header value: {:?}",
+                http.user_agent
+            )
+        })?;
         let inflight = metrics::inflight_requests(registry, stage)?;
         Ok(Engine {
             inner: Arc::new(Inner {
                 client,
+                user_agent,
                 guard,
                 timeout: http.timeout,
                 max_response_body_bytes: http.max_response_body_bytes,
@@ -212,7 +223,7 @@ impl Engine {
     }
 
     /// The endpoint URL (parsed at config load) checked by the guard when its host is an IP
-    /// literal (reqwest only calls the guarded resolver for names).
+    /// literal (the client only calls the guarded resolver for names).
     fn target(&self, endpoint: &EndpointConfig) -> Result<Url, AttemptResult> {
         let url = endpoint.url.as_url();
         if let Err(blocked) = self.inner.guard.check_url(url) {
@@ -237,7 +248,7 @@ impl Engine {
         timeout: Duration,
     ) -> AttemptResult {
         let deadline = tokio::time::Instant::now() + timeout;
-        let Some(headers) =
+        let Some(mut headers) =
             webhook_headers(event_id, now_secs(), attempt, &endpoint.secrets, &body)
         else {
             // The deduper rejects such ids; reaching here is a bug upstream, not the endpoint's.
@@ -248,18 +259,26 @@ impl Engine {
             };
         };
 
-        // `send` resolves when the status line and headers arrived.
-        let sent = tokio::time::timeout_at(
-            deadline,
-            self.inner
-                .client
-                .post(url)
-                .headers(headers)
-                .body(body)
-                .send(),
-        )
-        .await;
-        let mut response = match sent {
+        headers.insert(USER_AGENT, self.inner.user_agent.clone());
+        let uri: Uri = match url.as_str().parse() {
+            Ok(uri) => uri,
+            Err(_) => {
+                // Parsed at config load; reaching here would be a url/http parser disagreement.
+                return AttemptResult::Failed {
+                    class: FailureClass::Io,
+                    status: None,
+                    snippet: self.cap("the endpoint url is not a valid request target".into()),
+                };
+            }
+        };
+        let mut request = Request::new(client::Body::new(body));
+        *request.method_mut() = Method::POST;
+        *request.uri_mut() = uri;
+        *request.headers_mut() = headers;
+
+        // `request` resolves when the status line and headers arrived.
+        let sent = tokio::time::timeout_at(deadline, self.inner.client.request(request)).await;
+        let response = match sent {
             Ok(Ok(response)) => response,
             Ok(Err(err)) => {
                 let (class, text) = client::transport_failure(err);
@@ -286,9 +305,9 @@ impl Engine {
         // the grace, then drop the response: the rest is never buffered. When the body ends
         // within the cap (the usual empty or small body) the connection is reused.
         let grace = BODY_GRACE.min(deadline.saturating_duration_since(tokio::time::Instant::now()));
-        let kept =
-            client::read_kept(&mut response, self.inner.max_response_body_bytes, grace).await;
-        drop(response);
+        let mut body = response.into_body();
+        let kept = client::read_kept(&mut body, self.inner.max_response_body_bytes, grace).await;
+        drop(body);
 
         if (200..300).contains(&status) {
             AttemptResult::Delivered { status }

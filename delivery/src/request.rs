@@ -3,7 +3,7 @@
 //! every attempt), `webhook-timestamp` (per attempt), `webhook-signature` (one `v1,` per active
 //! secret, omitted without secrets) and `webhook-attempt`.
 
-use reqwest::header::{HeaderMap, HeaderName, HeaderValue, CONTENT_TYPE};
+use http::header::{HeaderMap, HeaderName, HeaderValue, CONTENT_TYPE};
 
 use crate::signing;
 
@@ -22,7 +22,7 @@ pub(crate) fn webhook_headers(
     body: &[u8],
 ) -> Option<HeaderMap> {
     let id_value = HeaderValue::from_str(event_id).ok()?;
-    let mut headers = HeaderMap::with_capacity(5);
+    let mut headers = HeaderMap::with_capacity(7);
     headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
     headers.insert(WEBHOOK_ID, id_value);
     headers.insert(WEBHOOK_TIMESTAMP, HeaderValue::from(timestamp));

@@ -1,7 +1,7 @@
 //! The SSRF guard: endpoints must not reach loopback, private, link-local (cloud metadata),
 //! multicast or reserved addresses unless an operator allow-lists them.
 //!
-//! Two entry points, because reqwest does not call the DNS resolver for IP-literal hosts:
+//! Two entry points, because the HTTP client does not call the DNS resolver for IP-literal hosts:
 //! - [`GuardedResolver`] is the HTTP client's resolver: it filters the addresses a name resolves
 //!   to, so the check runs on the addresses actually connected to (this defeats DNS rebinding);
 //! - [`SsrfGuard::check_url`] checks IP-literal hosts before a request is sent. It relies on
@@ -12,7 +12,11 @@ use std::net::IpAddr;
 use std::sync::Arc;
 
 use ipnet::IpNet;
-use reqwest::dns::{Addrs, Name, Resolve, Resolving};
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use hyper_util::client::legacy::connect::dns::Name;
 use url::{Host, Url};
 
 /// Ranges no endpoint may reach unless allow-listed: every entry of the IANA IPv4 and IPv6
@@ -166,14 +170,19 @@ impl GuardedResolver {
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
-impl Resolve for GuardedResolver {
-    fn resolve(&self, name: Name) -> Resolving {
+/// The HTTP client's resolver (hyper-util's `HttpConnector` takes any such service).
+impl tower_service::Service<Name> for GuardedResolver {
+    type Response = std::vec::IntoIter<std::net::SocketAddr>;
+    type Error = BoxError;
+    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, BoxError>> + Send>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, name: Name) -> Self::Future {
         let this = self.clone();
-        let host = name.as_str().to_string();
-        Box::pin(async move {
-            let kept = this.lookup(&host).await?;
-            Ok(Box::new(kept.into_iter()) as Addrs)
-        })
+        Box::pin(async move { Ok(this.lookup(name.as_str()).await?.into_iter()) })
     }
 }
 
