@@ -14,6 +14,7 @@ use hookline_common::ops::{self, Readiness};
 use hookline_common::{kafka, shutdown, telemetry, topics};
 
 mod demo;
+mod malloc;
 
 #[derive(Parser)]
 #[command(
@@ -141,6 +142,7 @@ enum Stage {
 const RUNTIME_SHUTDOWN_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 
 fn main() -> ExitCode {
+    malloc::cap_arenas();
     let cli = Cli::parse();
     match cli.command {
         Command::Config {

@@ -80,8 +80,15 @@ pub fn producer_config(config: &Config) -> ClientConfig {
 /// CPU per record 80 → 48 µs and the whole machine's CPU -20%, for +10–20 ms p99 end to end.
 /// Idle, each consumer then fetches every 10 ms instead of every 500 ms: ~0.3% of a core
 /// in the stage and ~1.2% in the broker per consumer (measured), why the tiers keep the defaults.
-pub const PIPELINE_CONSUMER_TUNING: &[(&str, &str)] =
-    &[("fetch.min.bytes", "65536"), ("fetch.wait.max.ms", "10")];
+///
+/// Prefetch is capped at 16 MiB per consumer (librdkafka's default is 64 MiB): ~0.6 s of records
+/// at the max rate measured here, and what a backlog drain leaves resident in the process. Same
+/// drain rate measured (docs/performance.md, "10k in flight").
+pub const PIPELINE_CONSUMER_TUNING: &[(&str, &str)] = &[
+    ("fetch.min.bytes", "65536"),
+    ("fetch.wait.max.ms", "10"),
+    ("queued.max.messages.kbytes", "16384"),
+];
 
 /// Latency settings of every producer; overridable like [`PIPELINE_CONSUMER_TUNING`]. A 10 ms
 /// linger (librdkafka's default is 5) fills batches at a trickle: deduper CPU per record a
@@ -654,6 +661,11 @@ mod tests {
             "the operator's value wins"
         );
         assert_eq!(hot.get("fetch.min.bytes"), Some("65536"), "default kept");
+        assert_eq!(
+            hot.get("queued.max.messages.kbytes"),
+            Some("16384"),
+            "prefetch capped"
+        );
         assert_eq!(hot.get("isolation.level"), Some("read_committed"));
         let default = Config::from_toml_with_env(
             "[kafka]\nbootstrap_servers = \"127.0.0.1:9092\"\n",
