@@ -1,6 +1,6 @@
 //! The two ceilings every pipeline number is divided by, measured in the same run on the same box:
 //!
-//! - **HTTP**: a bare Rust client (reqwest, built like the delivery engine's: pooled, no
+//! - **HTTP**: a bare Rust client (hyper-util's, the delivery engine's client: pooled, no
 //!   redirects, no proxy, TCP_NODELAY) with the dispatcher's concurrency POSTs the same 1 KiB
 //!   bodies, signed per request with the same `signing::sign`, to the same sink. No Kafka.
 //! - **Kafka**: the same records produced to and consumed from one topic with the stages' client
@@ -12,6 +12,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::consumer::{BaseConsumer, Consumer};
@@ -52,13 +57,11 @@ pub async fn http(
     concurrency: usize,
     payload_bytes: usize,
 ) -> anyhow::Result<HttpCeiling> {
-    let client = reqwest::Client::builder()
-        .redirect(reqwest::redirect::Policy::none())
-        .no_proxy()
+    let mut connector = HttpConnector::new();
+    connector.set_nodelay(true);
+    let client = Client::builder(TokioExecutor::new())
         .pool_max_idle_per_host(concurrency)
-        .tcp_nodelay(true)
-        .timeout(Duration::from_secs(10))
-        .build()?;
+        .build::<_, Full<Bytes>>(connector);
     let next = Arc::new(AtomicUsize::new(0));
     let errors = Arc::new(AtomicUsize::new(0));
     let keys = Arc::new(keys.to_vec());
@@ -83,20 +86,23 @@ pub async fn http(
                 let body = load::event_body(&id, load::OK_TYPE, "main", 0, 0, payload_bytes);
                 let ts = hookline_common::clock::now_secs();
                 let sig = signing::sign(&keys, &id, ts, &body);
-                let sent = client
-                    .post(&url)
+                let request = hyper::Request::post(url.as_str())
                     .header("content-type", "application/json")
                     .header("webhook-id", &id)
                     .header("webhook-timestamp", ts)
                     .header("webhook-signature", sig)
                     .header("webhook-attempt", 1)
-                    .body(body)
-                    .send()
-                    .await;
+                    .body(Full::new(Bytes::from(body)));
+                let Ok(request) = request else {
+                    errors.fetch_add(1, Ordering::Relaxed);
+                    continue;
+                };
+                let sent =
+                    tokio::time::timeout(Duration::from_secs(10), client.request(request)).await;
                 match sent {
                     // Read the (empty) body so the connection goes back to the pool.
-                    Ok(r) if r.status().is_success() => {
-                        let _ = r.bytes().await;
+                    Ok(Ok(r)) if r.status().is_success() => {
+                        let _ = r.into_body().collect().await;
                     }
                     _ => {
                         errors.fetch_add(1, Ordering::Relaxed);
