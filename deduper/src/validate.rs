@@ -104,6 +104,18 @@ pub async fn run(
         .with_context(|| format!("subscribing to {events_topic}"))?;
     tracing::info!(topic = %events_topic, "validation stage started");
 
+    // What every record's write needs, shared: one reference count per record, not a clone of
+    // each part (two topic names, the producer, the metrics) per record.
+    let fallback = Arc::new(Fallback {
+        producer: producer.clone(),
+        errors: produce_errors.clone(),
+        shutdown: shutdown.clone(),
+        limits: limits.clone(),
+        metrics: metrics.clone(),
+        invalid_topic: invalid_topic.clone(),
+        events_topic: events_topic.clone(),
+    });
+
     let mut pending: FuturesOrdered<_> = FuturesOrdered::new();
     // The loop turns at least once a second, so its heartbeat means "not stuck" even when idle.
     let mut tick = tokio::time::interval(Duration::from_secs(1));
@@ -151,11 +163,12 @@ pub async fn run(
                 let record = match admitted.and_then(|()| validator.validate(msg.payload())) {
                     Ok(ev) => {
                         metrics.emit_valid();
+                        let partition_out = partition_for(key_hash(&ev.dedupe_key), partitions);
                         let facts = EventHeaders {
-                            id: ev.id.clone(),
-                            event_type: ev.event_type.clone(),
-                            tenant: ev.tenant.clone(),
-                            dedupe_key: Some(ev.dedupe_key.clone()),
+                            id: ev.id,
+                            event_type: ev.event_type,
+                            tenant: ev.tenant,
+                            dedupe_key: Some(ev.dedupe_key),
                         };
                         let mut headers: Vec<(&str, Option<&[u8]>)> = carried
                             .iter()
@@ -164,7 +177,7 @@ pub async fn run(
                         headers.extend(facts.pairs().into_iter().map(|(k, v)| (k, Some(v))));
                         OwnedRecord {
                             topic: dedupe_topic.clone(),
-                            partition: Some(partition_for(key_hash(&ev.dedupe_key), partitions)),
+                            partition: Some(partition_out),
                             key: msg.key().map(<[u8]>::to_vec),
                             value: msg.payload().map(<[u8]>::to_vec),
                             headers: owned_headers(headers),
@@ -176,15 +189,7 @@ pub async fn run(
                     }
                 };
                 let first = produce::enqueue(&producer, &record).await;
-                let ctx = Fallback {
-                    producer: producer.clone(),
-                    errors: produce_errors.clone(),
-                    shutdown: shutdown.clone(),
-                    limits: limits.clone(),
-                    metrics: metrics.clone(),
-                    invalid_topic: invalid_topic.clone(),
-                    events_topic: events_topic.clone(),
-                };
+                let ctx = fallback.clone();
                 pending.push_back(async move {
                     let result = ctx.write(record, first, partition, offset).await;
                     (partition, offset, result)
