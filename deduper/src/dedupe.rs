@@ -474,6 +474,9 @@ fn run_blocking(
         "transaction.timeout.ms",
         TRANSACTION_TIMEOUT.as_millis().to_string(),
     );
+    // The commit is the acknowledgement (it waits for every record of the transaction), so
+    // successful delivery reports would only wake the polling thread to be thrown away.
+    pcfg.set("delivery.report.only.error", "true");
     let producer: ThreadedProducer<rdkafka::producer::DefaultProducerContext> = pcfg
         .create()
         .context("creating the transactional producer")?;
