@@ -20,11 +20,10 @@ use bytes::Bytes;
 use hookline_common::clock::{now_ms, now_secs};
 use hookline_common::config::{EndpointConfig, HttpConfig};
 use http::header::{HeaderValue, USER_AGENT};
-use http::{Method, Request, Uri};
+use http::{Method, Request};
 use prometheus::{IntGauge, Registry};
 use tokio::sync::watch;
 use tracing::{debug, warn};
-use url::Url;
 
 use crate::client::{self, truncate_utf8};
 use crate::limits::{EndpointLimits, SlotWait};
@@ -188,18 +187,15 @@ impl Engine {
         attempt: u32,
         wait: SlotWait,
     ) -> Admission {
-        let url = match self.target(endpoint) {
-            Ok(url) => url,
-            Err(result) => {
-                let outcome = AttemptOutcome {
-                    attempt,
-                    started_at_ms: now_ms(),
-                    duration: Duration::ZERO,
-                    result,
-                };
-                return Admission::Attempted(self.finish(endpoint, outcome));
-            }
-        };
+        if let Err(result) = self.check_target(endpoint) {
+            let outcome = AttemptOutcome {
+                attempt,
+                started_at_ms: now_ms(),
+                duration: Duration::ZERO,
+                result,
+            };
+            return Admission::Attempted(self.finish(endpoint, outcome));
+        }
 
         let limit = self.inner.limits.of(endpoint);
         let Some(_permit) = limit.acquire(&endpoint.id, wait).await else {
@@ -210,7 +206,7 @@ impl Engine {
         let _inflight = InflightGuard::enter(&self.inner.inflight);
         let timeout = endpoint.timeout.unwrap_or(self.inner.timeout);
         let result = self
-            .exchange(endpoint, url, event_id, body, attempt, timeout)
+            .exchange(endpoint, event_id, body, attempt, timeout)
             .await;
         let outcome = AttemptOutcome {
             attempt,
@@ -224,16 +220,15 @@ impl Engine {
 
     /// The endpoint URL (parsed at config load) checked by the guard when its host is an IP
     /// literal (the client only calls the guarded resolver for names).
-    fn target(&self, endpoint: &EndpointConfig) -> Result<Url, AttemptResult> {
-        let url = endpoint.url.as_url();
-        if let Err(blocked) = self.inner.guard.check_url(url) {
-            return Err(AttemptResult::Failed {
+    fn check_target(&self, endpoint: &EndpointConfig) -> Result<(), AttemptResult> {
+        self.inner
+            .guard
+            .check_url(endpoint.url.as_url())
+            .map_err(|blocked| AttemptResult::Failed {
                 class: FailureClass::Blocked,
                 status: None,
                 snippet: self.cap(blocked.to_string()),
-            });
-        }
-        Ok(url.clone())
+            })
     }
 
     /// The request, bounded by `timeout` until its status line, then the bounded read of the
@@ -241,7 +236,6 @@ impl Engine {
     async fn exchange(
         &self,
         endpoint: &EndpointConfig,
-        url: Url,
         event_id: &str,
         body: Bytes,
         attempt: u32,
@@ -260,20 +254,9 @@ impl Engine {
         };
 
         headers.insert(USER_AGENT, self.inner.user_agent.clone());
-        let uri: Uri = match url.as_str().parse() {
-            Ok(uri) => uri,
-            Err(_) => {
-                // Parsed at config load; reaching here would be a url/http parser disagreement.
-                return AttemptResult::Failed {
-                    class: FailureClass::Io,
-                    status: None,
-                    snippet: self.cap("the endpoint url is not a valid request target".into()),
-                };
-            }
-        };
         let mut request = Request::new(client::Body::new(body));
         *request.method_mut() = Method::POST;
-        *request.uri_mut() = uri;
+        *request.uri_mut() = endpoint.url.as_uri().clone();
         *request.headers_mut() = headers;
 
         // `request` resolves when the status line and headers arrived.

@@ -8,15 +8,14 @@
 //!   `url::Url`'s WHATWG parser, which normalises `2130706433`, `0x7f000001`, `0177.0.0.1` and
 //!   `127.1` to `127.0.0.1`.
 
-use std::net::IpAddr;
-use std::sync::Arc;
-
-use ipnet::IpNet;
 use std::future::Future;
+use std::net::IpAddr;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use hyper_util::client::legacy::connect::dns::Name;
+use ipnet::IpNet;
 use url::{Host, Url};
 
 /// Ranges no endpoint may reach unless allow-listed: every entry of the IANA IPv4 and IPv6

@@ -59,10 +59,11 @@ impl fmt::Debug for EndpointConfig {
 }
 
 /// An endpoint URL: absolute, `http` or `https`, with a host, without credentials. Shown as
-/// written.
+/// written. Also held as the HTTP request target every attempt sends to, converted once here.
 #[derive(Clone, PartialEq, Eq)]
 pub struct EndpointUrl {
     url: Url,
+    uri: http::Uri,
     text: String,
 }
 
@@ -76,14 +77,24 @@ impl EndpointUrl {
         if !url.username().is_empty() || url.password().is_some() {
             return Err("must not carry credentials (user:pass@)".into());
         }
+        let uri = url
+            .as_str()
+            .parse()
+            .map_err(|e| format!("not a valid HTTP request target: {e}"))?;
         Ok(EndpointUrl {
             url,
+            uri,
             text: text.to_string(),
         })
     }
 
     pub fn as_url(&self) -> &Url {
         &self.url
+    }
+
+    /// The URL as the request target of every delivery attempt.
+    pub fn as_uri(&self) -> &http::Uri {
+        &self.uri
     }
 
     /// The URL as configured.
