@@ -47,6 +47,9 @@ pub struct KafkaCeiling {
     pub records: usize,
     pub elapsed_s: f64,
     pub per_s: f64,
+    /// CPU of the bench process (building and producing the records, consuming them) per record:
+    /// what one Kafka hop costs a client at best, the floor under a stage's CPU per hop.
+    pub bench_cpu_us_per_record: f64,
 }
 
 /// POSTs `n` signed bodies to `url` with `concurrency` requests in flight.
@@ -161,6 +164,7 @@ pub async fn kafka(
     let producer: FutureProducer = producer_config(config).create()?;
 
     let n = plan.len();
+    let cpu0 = cpu_seconds(std::process::id())?;
     let reader = std::thread::spawn(move || -> anyhow::Result<Instant> {
         let deadline = Instant::now() + Duration::from_secs(300);
         let mut read = 0;
@@ -191,10 +195,12 @@ pub async fn kafka(
         .await?
         .map_err(|_| anyhow::anyhow!("kafka ceiling reader panicked"))??;
     let elapsed = end.duration_since(start).as_secs_f64();
+    let cpu = cpu_seconds(std::process::id())? - cpu0;
     Ok(KafkaCeiling {
         records: n,
         elapsed_s: elapsed,
         per_s: n as f64 / elapsed,
+        bench_cpu_us_per_record: cpu * 1e6 / n.max(1) as f64,
     })
 }
 

@@ -212,10 +212,11 @@ impl Report {
         let k = &self.kafka_ceiling;
         let _ = writeln!(
             t,
-            "Kafka ceiling: {} records/s  (produce + consume, {} records, {} partitions)",
+            "Kafka ceiling: {} records/s  (produce + consume, {} records, {} partitions, client {} µs CPU/record)",
             num(k.per_s),
             k.records,
-            self.options.partitions
+            self.options.partitions,
+            num(k.bench_cpu_us_per_record)
         );
         let _ = writeln!(
             t,

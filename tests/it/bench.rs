@@ -83,6 +83,11 @@ async fn smoke_run_balances_every_ledger_and_reports_every_number() {
     assert!(report.runs[0].cpu.iter().any(|c| c.cpu_s > 0.0), "{table}");
 
     assert!(report.http_ceiling.per_s > 0.0 && report.kafka_ceiling.per_s > 0.0);
+    assert!(
+        report.kafka_ceiling.bench_cpu_us_per_record > 0.0,
+        "the Kafka ceiling's client CPU per record: {table}"
+    );
+    assert!(table.contains("µs CPU/record"), "{table}");
     for r in [
         report.ratios.pipeline_over_http,
         report.ratios.pipeline_over_kafka,
