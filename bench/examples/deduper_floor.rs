@@ -1,0 +1,435 @@
+//! The Kafka client work the deduper's contract needs, without any of hookline's own code: how
+//! low can the deduper's CPU per record go with librdkafka at a given rate? Runs, against the
+//! local broker, a bare relay with the stages' client settings (`PIPELINE_CONSUMER_TUNING`,
+//! `PRODUCER_TUNING`, idempotence, lz4, `read_committed`, a 50 ms transaction interval):
+//!
+//! - `split`: the deduper's four clients. Hop 1: a consumer of `events` and an idempotent producer
+//!   to `dedupe` (partition by key hash), offsets stored when acknowledged. Hop 2: a
+//!   `read_committed` consumer of `dedupe` and a transactional producer writing each record to
+//!   `out` and a 20-byte changelog record to `state`, committing outputs and input offsets
+//!   together every 50 ms.
+//! - `merged`: two clients. One consumer (one group) over `events` and `dedupe`, one
+//!   transactional producer writing both hops' outputs and both hops' offsets every 50 ms (hop 1's
+//!   output then becomes visible at commit, not at acknowledgement).
+//!
+//! No validation, no seen-set, no headers: only the Kafka work. A child process (this binary,
+//! mode `load`) produces 1 KiB records at an open-model rate and reads `out` (`read_committed`),
+//! printing latency from scheduled send to receipt. The number is the relay process's CPU per
+//! relayed record over the run. Run:
+//!
+//! ```sh
+//! cargo run --release -p hookline-bench --example deduper_floor -- split|merged [rate] [secs]
+//! ```
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use anyhow::Context as _;
+use hdrhistogram::Histogram;
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::config::ClientConfig;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::message::{DeliveryResult, Message};
+use rdkafka::producer::{
+    BaseRecord, DefaultProducerContext, Producer, ProducerContext, ThreadedProducer,
+};
+use rdkafka::{ClientContext, Offset, TopicPartitionList};
+
+use hookline_common::kafka::{PIPELINE_CONSUMER_TUNING, PRODUCER_TUNING};
+use hookline_common::keyhash::{key_hash, partition_for};
+use hookline_common::produce::flush_acked;
+
+const PARTITIONS: i32 = 6;
+
+/// A relay thread's body; it sets the flag once its consumer has its assignment.
+type Relay = Box<dyn FnOnce(&AtomicBool) -> anyhow::Result<()> + Send>;
+const TXN_INTERVAL: Duration = Duration::from_millis(50);
+const CALL: Duration = Duration::from_secs(30);
+
+fn now_us() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros() as u64)
+}
+
+fn bootstrap() -> String {
+    std::env::var("HOOKLINE_TEST_KAFKA").unwrap_or_else(|_| "127.0.0.1:9092".into())
+}
+
+struct Names {
+    events: String,
+    dedupe: String,
+    out: String,
+    state: String,
+}
+
+impl Names {
+    fn new(prefix: &str) -> Self {
+        Names {
+            events: format!("{prefix}.events"),
+            dedupe: format!("{prefix}.dedupe"),
+            out: format!("{prefix}.out"),
+            state: format!("{prefix}.state"),
+        }
+    }
+}
+
+fn consumer(group: &str, auto_commit: bool) -> anyhow::Result<BaseConsumer> {
+    let mut c = ClientConfig::new();
+    c.set("bootstrap.servers", bootstrap())
+        .set("group.id", group)
+        .set("enable.auto.commit", auto_commit.to_string())
+        .set("auto.commit.interval.ms", "1000")
+        .set("enable.auto.offset.store", "false")
+        .set("auto.offset.reset", "earliest")
+        .set("isolation.level", "read_committed")
+        .set("partition.assignment.strategy", "cooperative-sticky")
+        .set("enable.partition.eof", "false");
+    for (k, v) in PIPELINE_CONSUMER_TUNING {
+        c.set(*k, *v);
+    }
+    Ok(c.create()?)
+}
+
+fn producer_config(transactional_id: Option<&str>) -> ClientConfig {
+    let mut c = ClientConfig::new();
+    c.set("bootstrap.servers", bootstrap())
+        .set("enable.idempotence", "true")
+        .set("acks", "all");
+    for (k, v) in PRODUCER_TUNING {
+        c.set(*k, *v);
+    }
+    if let Some(id) = transactional_id {
+        c.set("transactional.id", id)
+            .set("transaction.timeout.ms", "10000")
+            .set("delivery.report.only.error", "true");
+    }
+    c
+}
+
+/// Sends, waiting while librdkafka's queue is full.
+fn send<C: ProducerContext>(
+    producer: &ThreadedProducer<C>,
+    mut record: BaseRecord<'_, [u8], [u8], C::DeliveryOpaque>,
+) -> anyhow::Result<()> {
+    loop {
+        match producer.send(record) {
+            Ok(()) => return Ok(()),
+            Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), r)) => {
+                record = r;
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            Err((e, _)) => return Err(e.into()),
+        }
+    }
+}
+
+fn wait_assigned(consumer: &BaseConsumer, partitions: usize) -> anyhow::Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while consumer.assignment()?.count() < partitions {
+        anyhow::ensure!(Instant::now() < deadline, "no assignment after 60 s");
+        if let Some(Err(e)) = consumer.poll(Duration::from_millis(100)) {
+            return Err(e.into());
+        }
+    }
+    Ok(())
+}
+
+/// Hop 1 of `split`: offsets stored when the output is acknowledged.
+struct StoreOnAck {
+    consumer: Arc<BaseConsumer>,
+    events: String,
+}
+
+impl ClientContext for StoreOnAck {}
+
+impl ProducerContext for StoreOnAck {
+    type DeliveryOpaque = Box<(i32, i64)>;
+    fn delivery(&self, result: &DeliveryResult<'_>, input: Self::DeliveryOpaque) {
+        if result.is_ok() {
+            let _ = self
+                .consumer
+                .store_offset(&self.events, input.0, input.1 + 1);
+        }
+    }
+}
+
+fn hop1(names: &Names, group: &str, stop: &AtomicBool, ready: &AtomicBool) -> anyhow::Result<()> {
+    let consumer = Arc::new(consumer(group, true)?);
+    consumer.subscribe(&[&names.events])?;
+    let producer: ThreadedProducer<StoreOnAck> =
+        producer_config(None).create_with_context(StoreOnAck {
+            consumer: consumer.clone(),
+            events: names.events.clone(),
+        })?;
+    wait_assigned(&consumer, PARTITIONS as usize)?;
+    ready.store(true, Ordering::Relaxed);
+    while !stop.load(Ordering::Relaxed) {
+        match consumer.poll(Duration::from_millis(100)) {
+            Some(Ok(m)) => {
+                let key = m.key().unwrap_or_default();
+                let p = partition_for(key_hash(std::str::from_utf8(key)?), PARTITIONS);
+                let mut r = BaseRecord::with_opaque_to(
+                    &names.dedupe,
+                    Box::new((m.partition(), m.offset())),
+                )
+                .key(key)
+                .payload(m.payload().unwrap_or_default())
+                .partition(p);
+                if let Some(ts) = m.timestamp().to_millis() {
+                    r = r.timestamp(ts);
+                }
+                send(&producer, r)?;
+            }
+            Some(Err(e)) => return Err(e.into()),
+            None => {}
+        }
+    }
+    producer.flush(CALL)?;
+    Ok(())
+}
+
+/// The transactional relay: hop 2 (and, in `merged`, hop 1 too) with outputs and input offsets
+/// committed together every [`TXN_INTERVAL`].
+fn txn_relay(
+    names: &Names,
+    group: &str,
+    topics: &[&str],
+    stop: &AtomicBool,
+    ready: &AtomicBool,
+    relayed: &AtomicU64,
+) -> anyhow::Result<()> {
+    let consumer = consumer(group, false)?;
+    consumer.subscribe(topics)?;
+    let producer: ThreadedProducer<DefaultProducerContext> =
+        producer_config(Some(&format!("{group}.tx"))).create()?;
+    producer.init_transactions(CALL)?;
+    wait_assigned(&consumer, PARTITIONS as usize * topics.len())?;
+    ready.store(true, Ordering::Relaxed);
+    let mut offsets: HashMap<(String, i32), i64> = HashMap::new();
+    let mut started: Option<Instant> = None;
+    loop {
+        let stopping = stop.load(Ordering::Relaxed);
+        if let Some(at) = started {
+            if stopping || at.elapsed() >= TXN_INTERVAL {
+                let mut tpl = TopicPartitionList::new();
+                for ((t, p), o) in offsets.drain() {
+                    tpl.add_partition_offset(&t, p, Offset::Offset(o + 1))?;
+                }
+                let cgm = consumer.group_metadata().context("no group metadata")?;
+                producer.send_offsets_to_transaction(&tpl, &cgm, CALL)?;
+                flush_acked(producer.client(), CALL)?;
+                producer.commit_transaction(CALL)?;
+                started = None;
+            }
+        }
+        if stopping {
+            return Ok(());
+        }
+        let wait = started.map_or(Duration::from_millis(100), |at| {
+            TXN_INTERVAL.saturating_sub(at.elapsed())
+        });
+        match consumer.poll(wait) {
+            Some(Ok(m)) => {
+                if started.is_none() {
+                    producer.begin_transaction()?;
+                    started = Some(Instant::now());
+                }
+                let key = m.key().unwrap_or_default();
+                let payload = m.payload().unwrap_or_default();
+                let hash = key_hash(std::str::from_utf8(key)?);
+                let ts = m.timestamp().to_millis();
+                if m.topic() == names.events {
+                    let p = partition_for(hash, PARTITIONS);
+                    let mut r = BaseRecord::to(&names.dedupe)
+                        .key(key)
+                        .payload(payload)
+                        .partition(p);
+                    if let Some(ts) = ts {
+                        r = r.timestamp(ts);
+                    }
+                    send(&producer, r)?;
+                } else {
+                    let mut r = BaseRecord::to(&names.out)
+                        .key(key)
+                        .payload(payload)
+                        .partition(m.partition());
+                    if let Some(ts) = ts {
+                        r = r.timestamp(ts);
+                    }
+                    send(&producer, r)?;
+                    let hash_bytes = hash.to_be_bytes();
+                    let seen = (now_us() / 1_000_000) as u32;
+                    send(
+                        &producer,
+                        BaseRecord::to(&names.state)
+                            .key(&hash_bytes[..])
+                            .payload(&seen.to_be_bytes()[..])
+                            .partition(m.partition()),
+                    )?;
+                    relayed.fetch_add(1, Ordering::Relaxed);
+                }
+                offsets.insert((m.topic().to_string(), m.partition()), m.offset());
+            }
+            Some(Err(e)) => return Err(e.into()),
+            None => {}
+        }
+    }
+}
+
+/// The child: produces `rate` records/s for `secs` seconds to `events`, reads `out`, prints the
+/// latency from scheduled send to receipt.
+fn load(prefix: &str, rate: f64, secs: u64) -> anyhow::Result<()> {
+    let names = Names::new(prefix);
+    let n = (rate * secs as f64) as u64;
+    let reader = {
+        let out = names.out.clone();
+        let group = format!("{prefix}.reader");
+        std::thread::spawn(move || -> anyhow::Result<(u64, Histogram<u64>)> {
+            let c = consumer(&group, false)?;
+            c.subscribe(&[&out])?;
+            let mut h = Histogram::<u64>::new(3)?;
+            let mut got = 0;
+            let deadline = Instant::now() + Duration::from_secs(secs + 60);
+            while got < n && Instant::now() < deadline {
+                if let Some(Ok(m)) = c.poll(Duration::from_millis(100)) {
+                    let at = now_us();
+                    let text = std::str::from_utf8(&m.payload().unwrap_or_default()[..20])?;
+                    let sent: u64 = text.trim().parse()?;
+                    h.record(at.saturating_sub(sent))?;
+                    got += 1;
+                }
+            }
+            Ok((got, h))
+        })
+    };
+    let producer: ThreadedProducer<DefaultProducerContext> = producer_config(None).create()?;
+    let pad = "x".repeat(1024 - 21);
+    let start = Instant::now();
+    let t0 = now_us();
+    for i in 0..n {
+        let due = Duration::from_secs_f64(i as f64 / rate);
+        if let Some(wait) = due.checked_sub(start.elapsed()) {
+            std::thread::sleep(wait);
+        }
+        let scheduled = t0 + due.as_micros() as u64;
+        let payload = format!("{scheduled:>20},{pad}");
+        let key = format!("e-{i}");
+        send(
+            &producer,
+            BaseRecord::to(&names.events)
+                .key(key.as_bytes())
+                .payload(payload.as_bytes()),
+        )?;
+    }
+    producer.flush(CALL)?;
+    let (got, h) = reader
+        .join()
+        .map_err(|_| anyhow::anyhow!("reader panicked"))??;
+    let ms = |q: f64| h.value_at_quantile(q) as f64 / 1000.0;
+    println!(
+        "load: sent {n}, received {got}; scheduled send -> receipt p50 {:.0} ms, p99 {:.0} ms, max {:.0} ms",
+        ms(0.5),
+        ms(0.99),
+        h.max() as f64 / 1000.0
+    );
+    anyhow::ensure!(got == n, "received {got} of {n}");
+    Ok(())
+}
+
+fn main() -> anyhow::Result<()> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let mode = args.first().map_or("split", String::as_str);
+    if mode == "load" {
+        return load(&args[1], args[2].parse()?, args[3].parse()?);
+    }
+    anyhow::ensure!(
+        mode == "split" || mode == "merged",
+        "mode must be split or merged, not {mode}"
+    );
+    let rate: f64 = args.get(1).map_or(Ok(8000.0), |s| s.parse())?;
+    let secs: u64 = args.get(2).map_or(Ok(15), |s| s.parse())?;
+    let prefix = format!("floor-{}", now_us());
+    let names = Arc::new(Names::new(&prefix));
+
+    let mut ac = ClientConfig::new();
+    ac.set("bootstrap.servers", bootstrap());
+    let admin: AdminClient<DefaultClientContext> = ac.create()?;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let new: Vec<NewTopic> = [&names.events, &names.dedupe, &names.out, &names.state]
+        .iter()
+        .map(|t| NewTopic::new(t, PARTITIONS, TopicReplication::Fixed(1)))
+        .collect();
+    for r in rt.block_on(admin.create_topics(&new, &AdminOptions::new()))? {
+        r.map_err(|(t, e)| anyhow::anyhow!("creating {t}: {e}"))?;
+    }
+    std::thread::sleep(Duration::from_secs(2));
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let relayed = Arc::new(AtomicU64::new(0));
+    let mut ready = Vec::new();
+    let mut threads = Vec::new();
+    let mut spawn = |f: Relay| {
+        let r = Arc::new(AtomicBool::new(false));
+        ready.push(r.clone());
+        threads.push(std::thread::spawn(move || f(&r)));
+    };
+    if mode == "split" {
+        let (n, s) = (names.clone(), stop.clone());
+        let group = format!("{prefix}.a");
+        spawn(Box::new(move |r| hop1(&n, &group, &s, r)));
+        let (n, s, c) = (names.clone(), stop.clone(), relayed.clone());
+        let group = format!("{prefix}.b");
+        spawn(Box::new(move |r| {
+            txn_relay(&n, &group, &[n.dedupe.as_str()], &s, r, &c)
+        }));
+    } else {
+        let (n, s, c) = (names.clone(), stop.clone(), relayed.clone());
+        let group = format!("{prefix}.m");
+        spawn(Box::new(move |r| {
+            txn_relay(
+                &n,
+                &group,
+                &[n.events.as_str(), n.dedupe.as_str()],
+                &s,
+                r,
+                &c,
+            )
+        }));
+    }
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !ready.iter().all(|r| r.load(Ordering::Relaxed)) {
+        anyhow::ensure!(
+            Instant::now() < deadline && threads.iter().all(|t| !t.is_finished()),
+            "relay not ready after 60 s (or a relay thread failed)"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+
+    let cpu0 = hookline_bench::stages::cpu_seconds(std::process::id())?;
+    let status = std::process::Command::new(std::env::current_exe()?)
+        .args(["load", &prefix, &rate.to_string(), &secs.to_string()])
+        .status()?;
+    let cpu = hookline_bench::stages::cpu_seconds(std::process::id())? - cpu0;
+    stop.store(true, Ordering::Relaxed);
+    for t in threads {
+        t.join()
+            .map_err(|_| anyhow::anyhow!("relay thread panicked"))??;
+    }
+    let n = relayed.load(Ordering::Relaxed);
+    println!(
+        "{mode} at {rate} records/s for {secs} s: relayed {n}, relay CPU {cpu:.2} s = {:.1} µs per record",
+        cpu * 1e6 / n.max(1) as f64
+    );
+    anyhow::ensure!(status.success(), "load failed: {status}");
+    for t in [&names.events, &names.dedupe, &names.out, &names.state] {
+        let _ = rt.block_on(admin.delete_topics(&[t.as_str()], &AdminOptions::new()));
+    }
+    Ok(())
+}
