@@ -199,13 +199,14 @@ impl Limits {
             .map_or(self.producer, |t| t.min(self.producer))
     }
 
-    /// The smallest limit over `topics`.
+    /// The smallest limit over `topics` (one read of the table for all of them: stage A asks
+    /// for every downstream topic on every record).
     pub fn min_limit<'a>(&self, topics: impl IntoIterator<Item = &'a str>) -> usize {
+        let known = self.topics.read().unwrap_or_else(|e| e.into_inner());
         topics
             .into_iter()
-            .map(|t| self.limit(t))
-            .min()
-            .unwrap_or(self.producer)
+            .filter_map(|t| known.get(t).copied())
+            .fold(self.producer, usize::min)
     }
 
     pub fn fits(&self, topic: &str, size: usize) -> bool {
