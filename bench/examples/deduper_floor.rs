@@ -286,12 +286,17 @@ fn txn_relay(
 fn load(prefix: &str, rate: f64, secs: u64) -> anyhow::Result<()> {
     let names = Names::new(prefix);
     let n = (rate * secs as f64) as u64;
+    let reading = Arc::new(AtomicBool::new(false));
     let reader = {
         let out = names.out.clone();
         let group = format!("{prefix}.reader");
+        let reading = reading.clone();
         std::thread::spawn(move || -> anyhow::Result<(u64, Histogram<u64>)> {
             let c = consumer(&group, false)?;
             c.subscribe(&[&out])?;
+            // Produce only once the reader has its partitions: its group join is not latency.
+            wait_assigned(&c, PARTITIONS as usize)?;
+            reading.store(true, Ordering::Relaxed);
             let mut h = Histogram::<u64>::new(3)?;
             let mut got = 0;
             let deadline = Instant::now() + Duration::from_secs(secs + 60);
@@ -308,6 +313,10 @@ fn load(prefix: &str, rate: f64, secs: u64) -> anyhow::Result<()> {
         })
     };
     let producer: ThreadedProducer<DefaultProducerContext> = producer_config(None).create()?;
+    while !reading.load(Ordering::Relaxed) {
+        anyhow::ensure!(!reader.is_finished(), "the reader stopped before its assignment");
+        std::thread::sleep(Duration::from_millis(20));
+    }
     let pad = "x".repeat(1024 - 21);
     let start = Instant::now();
     let t0 = now_us();
