@@ -1,7 +1,8 @@
 //! The Kafka client work the deduper's contract needs, without any of hookline's own code: how
 //! low can the deduper's CPU per record go with librdkafka at a given rate? Runs, against the
-//! local broker, a bare relay with the stages' client settings (`PIPELINE_CONSUMER_TUNING`,
-//! `PRODUCER_TUNING`, idempotence, lz4, `read_committed`, a 50 ms transaction interval):
+//! local broker, a bare relay whose clients are built by the stages' own functions
+//! (`pipeline_consumer_config`, `producer_config`: fetch and linger tuning, idempotence, lz4,
+//! `read_committed`) with stage B's transaction settings and its 50 ms interval:
 //!
 //! - `split`: the deduper's four clients. Hop 1: a consumer of `events` and an idempotent producer
 //!   to `dedupe` (partition by key hash), offsets stored when acknowledged. Hop 2: a
@@ -39,7 +40,8 @@ use rdkafka::producer::{
 };
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
 
-use hookline_common::kafka::{PIPELINE_CONSUMER_TUNING, PRODUCER_TUNING};
+use hookline_common::config::Config;
+use hookline_common::kafka::{base_config, pipeline_consumer_config, producer_config};
 use hookline_common::keyhash::{key_hash, partition_for};
 use hookline_common::produce::flush_acked;
 
@@ -78,31 +80,33 @@ impl Names {
     }
 }
 
-fn consumer(group: &str, auto_commit: bool) -> anyhow::Result<BaseConsumer> {
-    let mut c = ClientConfig::new();
-    c.set("bootstrap.servers", bootstrap())
-        .set("group.id", group)
-        .set("enable.auto.commit", auto_commit.to_string())
-        .set("auto.commit.interval.ms", "1000")
-        .set("enable.auto.offset.store", "false")
-        .set("auto.offset.reset", "earliest")
-        .set("isolation.level", "read_committed")
-        .set("partition.assignment.strategy", "cooperative-sticky")
-        .set("enable.partition.eof", "false");
-    for (k, v) in PIPELINE_CONSUMER_TUNING {
-        c.set(*k, *v);
+/// The stages' configuration for this run's prefix: every client below is built by the
+/// stages' own functions, so it has their settings.
+fn config(prefix: &str) -> anyhow::Result<Config> {
+    let text = format!(
+        "[kafka]\nbootstrap_servers = {:?}\n\n[topics]\nprefix = {prefix:?}\n",
+        bootstrap()
+    );
+    Ok(Config::from_toml_with_env(
+        &text,
+        "deduper_floor config",
+        Vec::new(),
+    )?)
+}
+
+/// A hot-path consumer as the stages make it (group `<prefix>.<stage>`); offsets auto-committed
+/// once stored (hop 1) or committed by the transaction (`auto_commit` false).
+fn consumer(config: &Config, stage: &str, auto_commit: bool) -> anyhow::Result<BaseConsumer> {
+    let mut c = pipeline_consumer_config(config, stage);
+    if !auto_commit {
+        c.set("enable.auto.commit", "false");
     }
     Ok(c.create()?)
 }
 
-fn producer_config(transactional_id: Option<&str>) -> ClientConfig {
-    let mut c = ClientConfig::new();
-    c.set("bootstrap.servers", bootstrap())
-        .set("enable.idempotence", "true")
-        .set("acks", "all");
-    for (k, v) in PRODUCER_TUNING {
-        c.set(*k, *v);
-    }
+/// The stages' idempotent producer; transactional as stage B's when `transactional_id` is given.
+fn producer(config: &Config, transactional_id: Option<&str>) -> ClientConfig {
+    let mut c = producer_config(config);
     if let Some(id) = transactional_id {
         c.set("transactional.id", id)
             .set("transaction.timeout.ms", "10000")
@@ -158,11 +162,16 @@ impl ProducerContext for StoreOnAck {
     }
 }
 
-fn hop1(names: &Names, group: &str, stop: &AtomicBool, ready: &AtomicBool) -> anyhow::Result<()> {
-    let consumer = Arc::new(consumer(group, true)?);
+fn hop1(
+    config: &Config,
+    names: &Names,
+    stop: &AtomicBool,
+    ready: &AtomicBool,
+) -> anyhow::Result<()> {
+    let consumer = Arc::new(consumer(config, "a", true)?);
     consumer.subscribe(&[&names.events])?;
     let producer: ThreadedProducer<StoreOnAck> =
-        producer_config(None).create_with_context(StoreOnAck {
+        producer(config, None).create_with_context(StoreOnAck {
             consumer: consumer.clone(),
             events: names.events.clone(),
         })?;
@@ -196,17 +205,18 @@ fn hop1(names: &Names, group: &str, stop: &AtomicBool, ready: &AtomicBool) -> an
 /// The transactional relay: hop 2 (and, in `merged`, hop 1 too) with outputs and input offsets
 /// committed together every [`TXN_INTERVAL`].
 fn txn_relay(
+    config: &Config,
     names: &Names,
-    group: &str,
+    stage: &str,
     topics: &[&str],
     stop: &AtomicBool,
     ready: &AtomicBool,
     relayed: &AtomicU64,
 ) -> anyhow::Result<()> {
-    let consumer = consumer(group, false)?;
+    let consumer = consumer(config, stage, false)?;
     consumer.subscribe(topics)?;
     let producer: ThreadedProducer<DefaultProducerContext> =
-        producer_config(Some(&format!("{group}.tx"))).create()?;
+        producer(config, Some(&config.group_id(&format!("{stage}.tx")))).create()?;
     producer.init_transactions(CALL)?;
     wait_assigned(&consumer, PARTITIONS as usize * topics.len())?;
     ready.store(true, Ordering::Relaxed);
@@ -285,14 +295,14 @@ fn txn_relay(
 /// latency from scheduled send to receipt.
 fn load(prefix: &str, rate: f64, secs: u64) -> anyhow::Result<()> {
     let names = Names::new(prefix);
+    let config = Arc::new(config(prefix)?);
     let n = (rate * secs as f64) as u64;
     let reading = Arc::new(AtomicBool::new(false));
     let reader = {
         let out = names.out.clone();
-        let group = format!("{prefix}.reader");
-        let reading = reading.clone();
+        let (config, reading) = (config.clone(), reading.clone());
         std::thread::spawn(move || -> anyhow::Result<(u64, Histogram<u64>)> {
-            let c = consumer(&group, false)?;
+            let c = consumer(&config, "reader", false)?;
             c.subscribe(&[&out])?;
             // Produce only once the reader has its partitions: its group join is not latency.
             wait_assigned(&c, PARTITIONS as usize)?;
@@ -312,9 +322,12 @@ fn load(prefix: &str, rate: f64, secs: u64) -> anyhow::Result<()> {
             Ok((got, h))
         })
     };
-    let producer: ThreadedProducer<DefaultProducerContext> = producer_config(None).create()?;
+    let producer: ThreadedProducer<DefaultProducerContext> = producer(&config, None).create()?;
     while !reading.load(Ordering::Relaxed) {
-        anyhow::ensure!(!reader.is_finished(), "the reader stopped before its assignment");
+        anyhow::ensure!(
+            !reader.is_finished(),
+            "the reader stopped before its assignment"
+        );
         std::thread::sleep(Duration::from_millis(20));
     }
     let pad = "x".repeat(1024 - 21);
@@ -364,10 +377,9 @@ fn main() -> anyhow::Result<()> {
     let secs: u64 = args.get(2).map_or(Ok(15), |s| s.parse())?;
     let prefix = format!("floor-{}", now_us());
     let names = Arc::new(Names::new(&prefix));
+    let config = Arc::new(config(&prefix)?);
 
-    let mut ac = ClientConfig::new();
-    ac.set("bootstrap.servers", bootstrap());
-    let admin: AdminClient<DefaultClientContext> = ac.create()?;
+    let admin: AdminClient<DefaultClientContext> = base_config(&config).create()?;
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
@@ -390,26 +402,17 @@ fn main() -> anyhow::Result<()> {
         threads.push(std::thread::spawn(move || f(&r)));
     };
     if mode == "split" {
-        let (n, s) = (names.clone(), stop.clone());
-        let group = format!("{prefix}.a");
-        spawn(Box::new(move |r| hop1(&n, &group, &s, r)));
-        let (n, s, c) = (names.clone(), stop.clone(), relayed.clone());
-        let group = format!("{prefix}.b");
+        let (cf, n, s) = (config.clone(), names.clone(), stop.clone());
+        spawn(Box::new(move |r| hop1(&cf, &n, &s, r)));
+        let (cf, n, s, c) = (config.clone(), names.clone(), stop.clone(), relayed.clone());
         spawn(Box::new(move |r| {
-            txn_relay(&n, &group, &[n.dedupe.as_str()], &s, r, &c)
+            txn_relay(&cf, &n, "b", &[n.dedupe.as_str()], &s, r, &c)
         }));
     } else {
-        let (n, s, c) = (names.clone(), stop.clone(), relayed.clone());
-        let group = format!("{prefix}.m");
+        let (cf, n, s, c) = (config.clone(), names.clone(), stop.clone(), relayed.clone());
         spawn(Box::new(move |r| {
-            txn_relay(
-                &n,
-                &group,
-                &[n.events.as_str(), n.dedupe.as_str()],
-                &s,
-                r,
-                &c,
-            )
+            let topics = [n.events.as_str(), n.dedupe.as_str()];
+            txn_relay(&cf, &n, "m", &topics, &s, r, &c)
         }));
     }
     let deadline = Instant::now() + Duration::from_secs(60);
