@@ -9,6 +9,8 @@
 //!   `read_committed` consumer of `dedupe` and a transactional producer writing each record to
 //!   `out` and a 20-byte changelog record to `state`, committing outputs and input offsets
 //!   together every 50 ms.
+//! - `split-async`: the same, with hop 1 run the way stage A runs it (tokio, `StreamConsumer`,
+//!   `FutureProducer`, delivery futures in a `FuturesOrdered`): what that machinery costs.
 //! - `merged`: two clients. One consumer (one group) over `events` and `dedupe`, one
 //!   transactional producer writing both hops' outputs and both hops' offsets every 50 ms (hop 1's
 //!   output then becomes visible at commit, not at acknowledgement).
@@ -19,7 +21,7 @@
 //! relayed record over the run. Run:
 //!
 //! ```sh
-//! cargo run --release -p hookline-bench --example deduper_floor -- split|merged [rate] [secs]
+//! cargo run --release -p hookline-bench --example deduper_floor -- split|split-async|merged [rate] [secs]
 //! ```
 
 use std::collections::HashMap;
@@ -28,15 +30,17 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::Context as _;
+use futures::stream::{FuturesOrdered, StreamExt as _};
 use hdrhistogram::Histogram;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::config::ClientConfig;
-use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::consumer::{BaseConsumer, Consumer, StreamConsumer};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{DeliveryResult, Message};
 use rdkafka::producer::{
-    BaseRecord, DefaultProducerContext, Producer, ProducerContext, ThreadedProducer,
+    BaseRecord, DefaultProducerContext, FutureProducer, FutureRecord, Producer, ProducerContext,
+    ThreadedProducer,
 };
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
 
@@ -200,6 +204,76 @@ fn hop1(
     }
     producer.flush(CALL)?;
     Ok(())
+}
+
+/// Hop 1 the way stage A runs it (`deduper/src/validate.rs`), without validation or headers: on
+/// tokio (two workers), a `StreamConsumer` and a `FutureProducer`, each record copied into its
+/// own buffers and its delivery future kept in a `FuturesOrdered`, offsets stored in input order
+/// as the acknowledgements complete, in a `select!` loop with a tick.
+fn hop1_async(
+    config: &Config,
+    names: &Names,
+    stop: &AtomicBool,
+    ready: &AtomicBool,
+) -> anyhow::Result<()> {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    rt.block_on(async {
+        let mut cc = pipeline_consumer_config(config, "a");
+        cc.set("enable.auto.commit", "true");
+        let consumer: StreamConsumer = cc.create()?;
+        consumer.subscribe(&[&names.events])?;
+        let producer: FutureProducer = producer(config, None).create()?;
+        // The group join is served while the consumer is polled.
+        while consumer.assignment()?.count() < PARTITIONS as usize {
+            if let Ok(Err(e)) =
+                tokio::time::timeout(Duration::from_millis(100), consumer.recv()).await
+            {
+                return Err(e.into());
+            }
+        }
+        ready.store(true, Ordering::Relaxed);
+        let mut pending = FuturesOrdered::new();
+        let mut tick = tokio::time::interval(Duration::from_millis(100));
+        while !stop.load(Ordering::Relaxed) {
+            tokio::select! {
+                biased;
+                _ = tick.tick() => {}
+                Some((p, o, acked)) = pending.next(), if !pending.is_empty() => {
+                    let acked: Result<(), String> = acked;
+                    acked.map_err(|e| anyhow::anyhow!("produce failed: {e}"))?;
+                    consumer.store_offset(&names.events, p, o + 1)?;
+                }
+                msg = consumer.recv(), if pending.len() < 10_000 => {
+                    let m = msg?;
+                    let key = m.key().unwrap_or_default().to_vec();
+                    let payload = m.payload().unwrap_or_default().to_vec();
+                    let out = partition_for(key_hash(std::str::from_utf8(&key)?), PARTITIONS);
+                    let mut r = FutureRecord::to(&names.dedupe)
+                        .key(&key)
+                        .payload(&payload)
+                        .partition(out);
+                    if let Some(ts) = m.timestamp().to_millis() {
+                        r = r.timestamp(ts);
+                    }
+                    let delivery = producer.send_result(r).map_err(|(e, _)| e)?;
+                    let (p, o) = (m.partition(), m.offset());
+                    pending.push_back(async move {
+                        let acked: Result<(), String> = match delivery.await {
+                            Ok(Ok(_)) => Ok(()),
+                            Ok(Err((e, _))) => Err(e.to_string()),
+                            Err(_) => Err("delivery future cancelled".into()),
+                        };
+                        (p, o, acked)
+                    });
+                }
+            }
+        }
+        producer.flush(CALL)?;
+        Ok(())
+    })
 }
 
 /// The transactional relay: hop 2 (and, in `merged`, hop 1 too) with outputs and input offsets
@@ -370,8 +444,8 @@ fn main() -> anyhow::Result<()> {
         return load(&args[1], args[2].parse()?, args[3].parse()?);
     }
     anyhow::ensure!(
-        mode == "split" || mode == "merged",
-        "mode must be split or merged, not {mode}"
+        ["split", "split-async", "merged"].contains(&mode),
+        "mode must be split, split-async or merged, not {mode}"
     );
     let rate: f64 = args.get(1).map_or(Ok(8000.0), |s| s.parse())?;
     let secs: u64 = args.get(2).map_or(Ok(15), |s| s.parse())?;
@@ -401,9 +475,13 @@ fn main() -> anyhow::Result<()> {
         ready.push(r.clone());
         threads.push(std::thread::spawn(move || f(&r)));
     };
-    if mode == "split" {
+    if mode.starts_with("split") {
         let (cf, n, s) = (config.clone(), names.clone(), stop.clone());
-        spawn(Box::new(move |r| hop1(&cf, &n, &s, r)));
+        if mode == "split" {
+            spawn(Box::new(move |r| hop1(&cf, &n, &s, r)));
+        } else {
+            spawn(Box::new(move |r| hop1_async(&cf, &n, &s, r)));
+        }
         let (cf, n, s, c) = (config.clone(), names.clone(), stop.clone(), relayed.clone());
         spawn(Box::new(move |r| {
             txn_relay(&cf, &n, "b", &[n.dedupe.as_str()], &s, r, &c)
