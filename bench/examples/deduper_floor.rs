@@ -21,7 +21,7 @@
 //! relayed record over the run. Run:
 //!
 //! ```sh
-//! cargo run --release -p hookline-bench --example deduper_floor -- split|split-async|merged [rate] [secs]
+//! cargo run --release -p hookline-bench --example deduper_floor -- split|split-async|merged [rate] [secs] [headers]
 //! ```
 
 use std::collections::HashMap;
@@ -37,7 +37,7 @@ use rdkafka::client::DefaultClientContext;
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer, StreamConsumer};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
-use rdkafka::message::{DeliveryResult, Message};
+use rdkafka::message::{DeliveryResult, Header, Headers, Message, OwnedHeaders};
 use rdkafka::producer::{
     BaseRecord, DefaultProducerContext, FutureProducer, FutureRecord, Producer, ProducerContext,
     ThreadedProducer,
@@ -119,6 +119,43 @@ fn producer(config: &Config, transactional_id: Option<&str>) -> ClientConfig {
     c
 }
 
+/// With `headers` on the command line, hop 1 attaches the four headers stage A gives every
+/// event (id, type, tenant, dedupe key; the bench's sizes) and hop 2 copies them on, as stage B
+/// does: what carrying them costs.
+static HEADERS: AtomicBool = AtomicBool::new(false);
+
+/// Stage A's event headers for a record with `key` (the event id), if `headers` was asked for.
+fn event_headers(key: &[u8]) -> Option<OwnedHeaders> {
+    if !HEADERS.load(Ordering::Relaxed) {
+        return None;
+    }
+    let id = String::from_utf8_lossy(key);
+    let dedupe_key = format!("id|4:main|{}:{id}", id.len());
+    let pairs: [(&str, &[u8]); 4] = [
+        ("hookline-event-id", key),
+        ("hookline-event-type", b"bench.ok"),
+        ("hookline-dedupe-key", dedupe_key.as_bytes()),
+        ("hookline-tenant", b"main"),
+    ];
+    Some(pairs.iter().fold(OwnedHeaders::new(), |h, (k, v)| {
+        h.insert(Header {
+            key: k,
+            value: Some(*v),
+        })
+    }))
+}
+
+/// The input record's headers, copied onto its output (stage B's forwarding).
+fn copied_headers<M: Message>(m: &M) -> Option<OwnedHeaders> {
+    let src = m.headers()?;
+    Some(src.iter().fold(OwnedHeaders::new(), |h, hd| {
+        h.insert(Header {
+            key: hd.key,
+            value: hd.value,
+        })
+    }))
+}
+
 /// Sends, waiting while librdkafka's queue is full.
 fn send<C: ProducerContext>(
     producer: &ThreadedProducer<C>,
@@ -196,6 +233,9 @@ fn hop1(
                 if let Some(ts) = m.timestamp().to_millis() {
                     r = r.timestamp(ts);
                 }
+                if let Some(h) = event_headers(key) {
+                    r = r.headers(h);
+                }
                 send(&producer, r)?;
             }
             Some(Err(e)) => return Err(e.into()),
@@ -257,6 +297,9 @@ fn hop1_async(
                         .partition(out);
                     if let Some(ts) = m.timestamp().to_millis() {
                         r = r.timestamp(ts);
+                    }
+                    if let Some(h) = event_headers(&key) {
+                        r = r.headers(h);
                     }
                     let delivery = producer.send_result(r).map_err(|(e, _)| e)?;
                     let (p, o) = (m.partition(), m.offset());
@@ -336,6 +379,9 @@ fn txn_relay(
                     if let Some(ts) = ts {
                         r = r.timestamp(ts);
                     }
+                    if let Some(h) = event_headers(key) {
+                        r = r.headers(h);
+                    }
                     send(&producer, r)?;
                 } else {
                     let mut r = BaseRecord::to(&names.out)
@@ -344,6 +390,9 @@ fn txn_relay(
                         .partition(m.partition());
                     if let Some(ts) = ts {
                         r = r.timestamp(ts);
+                    }
+                    if let Some(h) = copied_headers(&m) {
+                        r = r.headers(h);
                     }
                     send(&producer, r)?;
                     let hash_bytes = hash.to_be_bytes();
@@ -449,6 +498,8 @@ fn main() -> anyhow::Result<()> {
     );
     let rate: f64 = args.get(1).map_or(Ok(8000.0), |s| s.parse())?;
     let secs: u64 = args.get(2).map_or(Ok(15), |s| s.parse())?;
+    let with_headers = args.get(3).is_some_and(|a| a == "headers");
+    HEADERS.store(with_headers, Ordering::Relaxed);
     let prefix = format!("floor-{}", now_us());
     let names = Arc::new(Names::new(&prefix));
     let config = Arc::new(config(&prefix)?);
@@ -514,7 +565,8 @@ fn main() -> anyhow::Result<()> {
     }
     let n = relayed.load(Ordering::Relaxed);
     println!(
-        "{mode} at {rate} records/s for {secs} s: relayed {n}, relay CPU {cpu:.2} s = {:.1} µs per record",
+        "{mode}{} at {rate} records/s for {secs} s: relayed {n}, relay CPU {cpu:.2} s = {:.1} µs per record",
+        if with_headers { " with headers" } else { "" },
         cpu * 1e6 / n.max(1) as f64
     );
     anyhow::ensure!(status.success(), "load failed: {status}");
