@@ -15,7 +15,8 @@
 //!   transactional producer writing both hops' outputs and both hops' offsets every 50 ms (hop 1's
 //!   output then becomes visible at commit, not at acknowledgement).
 //!
-//! No validation, no seen-set, no headers: only the Kafka work. A child process (this binary,
+//! No validation, no seen-set, no headers unless `headers` is given (then stage A's four event
+//! headers travel through both hops): only the Kafka work. A child process (this binary,
 //! mode `load`) produces 1 KiB records at an open-model rate and reads `out` (`read_committed`),
 //! printing latency from scheduled send to receipt. The number is the relay process's CPU per
 //! relayed record over the run. Run:
@@ -53,6 +54,7 @@ const PARTITIONS: i32 = 6;
 
 /// A relay thread's body; it sets the flag once its consumer has its assignment.
 type Relay = Box<dyn FnOnce(&AtomicBool) -> anyhow::Result<()> + Send>;
+
 const TXN_INTERVAL: Duration = Duration::from_millis(50);
 const CALL: Duration = Duration::from_secs(30);
 
