@@ -1,11 +1,14 @@
 # The commands of the README.
-.PHONY: run test bench kafka-start kafka-stop
+.PHONY: run test test-containers bench kafka-start kafka-stop
 
 run:   ## local Kafka + the whole pipeline in one process
 	bash scripts/run-local.sh
 
-test:  ## fmt, clippy, unit and integration tests against a real local Kafka
+test:  ## fmt, clippy, unit and integration tests against a real local Kafka, deploy checks, container tests
 	bash scripts/test.sh
+
+test-containers: ## the image built (hookline:local) and the Compose stack run, killed, scaled (needs Docker)
+	bash scripts/test-containers.sh
 
 bench: ## end-to-end benchmark against the local Kafka (release build); BENCH_ARGS="--events 20000" etc.
 	deploy/local/kafka start

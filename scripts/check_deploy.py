@@ -385,9 +385,11 @@ def check_secrets_key(objects, by_kind):
             sources = key_sources(c, secret_data, configmap_data)
             bad = [s for s in sources if s[0] != "secret"]
             check(f"{where}: the endpoint secrets key is never a literal or from a ConfigMap", not bad, str(bad))
-            # `hookline run …` reads (and seeds) the endpoint registry; init containers and the
-            # topics Job (`config check`, `topics apply`) never do, so they do not get the key.
-            reads_registry = c in spec["containers"] and (c.get("args") or [None])[0] == "run"
+            # `hookline run …` reads (and seeds) the endpoint registry, except `run deduper`;
+            # init containers and the topics Job (`config check`, `topics apply`) never do, so
+            # they do not get the key (scripts/check_k8s_run.py shows each one that gets it uses it).
+            args = c.get("args") or [None]
+            reads_registry = c in spec["containers"] and args[0] == "run" and args[1:2] != ["deduper"]
             if reads_registry:
                 # From that one Secret only: the same key in every process.
                 check(f"{where}: {SECRETS_KEY_ENV} from the Secret {SECRETS_KEY_SECRET} (only)",

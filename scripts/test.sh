@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The full test suite (`make test`): format check, clippy -D warnings, unit tests, integration
-# tests against a real local Kafka broker, and the static deploy checks (scripts/check-deploy.sh). Starts the broker if none answers on
+# tests against a real local Kafka broker, the static deploy checks (scripts/check-deploy.sh) and
+# the container tests (scripts/test-containers.sh: image built, Compose stack run). Starts the broker if none answers on
 # HOOKLINE_TEST_KAFKA (default 127.0.0.1:9092) and stops it afterwards if it started it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -47,6 +48,8 @@ fi
 if cargo clippy --version >/dev/null 2>&1; then
   echo "--- cargo clippy --all-targets -- -D warnings"
   cargo clippy --workspace --all-targets -- -D warnings
+  # The container tests are `test = false` (scripts/test-containers.sh runs them): lint them too.
+  cargo clippy --test containers -- -D warnings
 else
   echo "--- clippy is not installed on this toolchain: skipping lints"
 fi
@@ -73,6 +76,25 @@ else
   passed=$((passed + $(echo "$deploy_counts" | grep -Eo '[0-9]+ passed' | grep -Eo '[0-9]+')))
   failed=$((failed + $(echo "$deploy_counts" | grep -Eo '[0-9]+ failed' | grep -Eo '[0-9]+')))
 fi
+# The image built and the Compose stack run for real (needs Docker: scripts/install-container-tools.sh).
+# HOOKLINE_SKIP_CONTAINERS=1 leaves them out of a local run and says so; the suite then fails.
+echo "--- container tests (scripts/test-containers.sh)"
+if [[ ${HOOKLINE_SKIP_CONTAINERS:-0} == 1 ]]; then
+  echo "--- HOOKLINE_SKIP_CONTAINERS=1: container tests NOT run; counted as one failure"
+  failed=$((failed + 1))
+else
+  containers_log=$(mktemp "${TMPDIR:-/tmp}/hookline-containers.XXXXXX")
+  bash scripts/test-containers.sh 2>&1 | tee "$containers_log" || status=$?
+  containers_counts=$(grep -E '^test-containers: [0-9]+ passed, [0-9]+ failed' "$containers_log" | tail -1 || true)
+  rm -f "$containers_log"
+  if [[ -z $containers_counts ]]; then
+    failed=$((failed + 1))
+  else
+    passed=$((passed + $(echo "$containers_counts" | grep -Eo '[0-9]+ passed' | grep -Eo '[0-9]+')))
+    failed=$((failed + $(echo "$containers_counts" | grep -Eo '[0-9]+ failed' | grep -Eo '[0-9]+')))
+  fi
+fi
+
 echo "--- test suite finished in $(( $(date +%s) - t0 ))s"
 # The whole suite's count, on the last line.
 echo "hookline: $passed passed, $failed failed"

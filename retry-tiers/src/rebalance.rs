@@ -130,12 +130,16 @@ impl TierContext {
         if let Err(e) = rebalance::commit(consumer) {
             tracing::warn!(tier = %self.tier, error = %e, "commit on revoke failed");
         }
-        if revoked.drained && revoked.unacked == 0 {
+        // A closing stage waits for nothing (`drained` stays false): what was left is the count
+        // of records begun and not completed, which is zero on an idle tier's clean stop.
+        let unfinished: usize = revoked.states.iter().map(|(_, c)| c.unfinished()).sum();
+        if (revoked.drained || unfinished == 0) && revoked.unacked == 0 {
             tracing::info!(tier = %self.tier, partitions = ?ids, "partitions revoked");
         } else {
             tracing::warn!(
                 tier = %self.tier,
                 partitions = ?ids,
+                unfinished,
                 unacknowledged = revoked.unacked,
                 "partitions revoked with records unfinished; the new owner attempts them again"
             );

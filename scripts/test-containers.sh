@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# The container tests (`make test-containers`, part of `make test`): builds the image
+# `hookline:local` from the host's release binary (Dockerfile target `prebuilt`) and a Kafka image
+# from the Maven jars, then runs tests/containers against the Compose stack: demo delivery, the
+# dashboard, kill -9 / SIGTERM of the pipeline, down/up keeping the dead letters, the stages
+# scaled with a replica killed, the Kubernetes pods started from the image.
+# Needs a Docker engine and `docker compose` (scripts/install-container-tools.sh). Bounded by
+# HOOKLINE_CONTAINER_TEST_TIMEOUT seconds [900]. Leaves nothing running (compose down -v).
+# Last line: "test-containers: N passed, M failed".
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export PATH="$HOME/.cargo/bin:$PATH"
+
+t0=$(date +%s)
+passed=0
+failed=0
+result() {
+  echo "--- container tests finished in $(($(date +%s) - t0))s"
+  echo "test-containers: $passed passed, $failed failed"
+}
+fail() {
+  echo "error: $*" >&2
+  failed=$((failed + 1))
+  result
+  exit 1
+}
+
+docker info >/dev/null 2>&1 || fail "no Docker engine answers (run scripts/install-container-tools.sh as root)"
+docker compose version >/dev/null 2>&1 || fail "docker compose is missing (run scripts/install-container-tools.sh)"
+
+echo "--- base image (deploy/docker/base-image)"
+deploy/docker/base-image || fail "the base image could not be made"
+
+echo "--- hookline binary (cargo build --release)"
+cargo build --release --bin hookline || fail "cargo build --release failed"
+
+echo "--- image hookline:local (docker build --target prebuilt)"
+b0=$(date +%s)
+docker build -q --target prebuilt -t hookline:local . || fail "docker build of hookline:local failed"
+echo "built hookline:local in $(($(date +%s) - b0))s: $(docker image inspect -f '{{.Size}}' hookline:local | awk '{printf "%.1f MB", $1/1e6}')"
+
+echo "--- image hookline/kafka:4.1.1-maven (deploy/docker/kafka/build)"
+deploy/docker/kafka/build || fail "the Kafka image could not be built"
+
+tools=${HOOKLINE_TOOLS:-$HOME/.cache/hookline/deploy-tools}
+export HOOKLINE_TEST_KAFKA=127.0.0.1:9094
+export HOOKLINE_TEST_PYTHON=${HOOKLINE_TEST_PYTHON:-$tools/venv/bin/python}
+export HOOKLINE_TEST_KUSTOMIZE=${HOOKLINE_TEST_KUSTOMIZE:-$tools/bin/kustomize}
+
+compose=(docker compose -p hookline -f docker-compose.yml -f deploy/compose/kafka-maven.yml
+  -f deploy/compose/stages.yml -f tests/containers/service-links.yml)
+cleanup() {
+  "${compose[@]}" --profile all-in-one down -v --remove-orphans --timeout 10 >/dev/null 2>&1 || true
+}
+trap cleanup EXIT
+
+echo "--- cargo test --test containers"
+log=$(mktemp)
+status=0
+timeout --signal=INT "${HOOKLINE_CONTAINER_TEST_TIMEOUT:-900}" \
+  cargo test --test containers -- --nocapture --test-threads=1 2>&1 | tee "$log" || status=$?
+passed=$((passed + $(grep -Eo '^test result: .* ([0-9]+) passed' "$log" | grep -Eo '[0-9]+ passed' | awk '{s+=$1} END {print s+0}')))
+failed=$((failed + $(grep -Eo '^test result: .* ([0-9]+) failed' "$log" | grep -Eo '[0-9]+ failed' | awk '{s+=$1} END {print s+0}')))
+rm -f "$log"
+# (On a failure the test prints the stack's last log lines itself, before it takes it down.)
+if [[ $status != 0 ]]; then
+  ((failed > 0)) || failed=1
+fi
+result
+[[ $status == 0 && $failed == 0 && $passed -gt 0 ]]
