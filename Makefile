@@ -1,5 +1,5 @@
 # The commands of the README.
-.PHONY: run test test-containers bench kafka-start kafka-stop
+.PHONY: run test test-containers test-faults bench kafka-start kafka-stop
 
 run:   ## local Kafka + the whole pipeline in one process
 	bash scripts/run-local.sh
@@ -9,6 +9,9 @@ test:  ## fmt, clippy, unit and integration tests against a real local Kafka, de
 
 test-containers: ## the image built (hookline:local) and the Compose stack run, killed, scaled (needs Docker)
 	bash scripts/test-containers.sh
+
+test-faults: ## brokers killed under load on a local three-broker cluster, ledger checked; HOOKLINE_FAULT_ROUNDS=10 for the long variant
+	bash scripts/test-faults.sh
 
 bench: ## end-to-end benchmark against the local Kafka (release build); BENCH_ARGS="--events 20000" etc.
 	deploy/local/kafka start

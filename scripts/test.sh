@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The full test suite (`make test`): format check, clippy -D warnings, unit tests, integration
 # tests against a real local Kafka broker, the static deploy checks (scripts/check-deploy.sh) and
-# the container tests (scripts/test-containers.sh: image built, Compose stack run). Starts the broker if none answers on
+# the container tests (scripts/test-containers.sh: image built, Compose stack run) and the fault
+# tests on three brokers (scripts/test-faults.sh). Starts the broker if none answers on
 # HOOKLINE_TEST_KAFKA (default 127.0.0.1:9092) and stops it afterwards if it started it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -48,8 +49,8 @@ fi
 if cargo clippy --version >/dev/null 2>&1; then
   echo "--- cargo clippy --all-targets -- -D warnings"
   cargo clippy --workspace --all-targets -- -D warnings
-  # The container tests are `test = false` (scripts/test-containers.sh runs them): lint them too.
-  cargo clippy --test containers -- -D warnings
+  # The container and fault tests are `test = false` (their scripts run them): lint them too.
+  cargo clippy --test containers --test faults -- -D warnings
 else
   echo "--- clippy is not installed on this toolchain: skipping lints"
 fi
@@ -93,6 +94,20 @@ else
     passed=$((passed + $(echo "$containers_counts" | grep -Eo '[0-9]+ passed' | grep -Eo '[0-9]+')))
     failed=$((failed + $(echo "$containers_counts" | grep -Eo '[0-9]+ failed' | grep -Eo '[0-9]+')))
   fi
+fi
+
+# Brokers killed under load on a three-broker cluster (one round; HOOKLINE_FAULT_ROUNDS=10 for the
+# long variant): scripts/test-faults.sh starts and removes the cluster itself.
+echo "--- fault tests on three brokers (scripts/test-faults.sh)"
+faults_log=$(mktemp "${TMPDIR:-/tmp}/hookline-faults.XXXXXX")
+bash scripts/test-faults.sh 2>&1 | tee "$faults_log" || status=$?
+faults_counts=$(grep -E '^test-faults: [0-9]+ passed, [0-9]+ failed' "$faults_log" | tail -1 || true)
+rm -f "$faults_log"
+if [[ -z $faults_counts ]]; then
+  failed=$((failed + 1))
+else
+  passed=$((passed + $(echo "$faults_counts" | grep -Eo '[0-9]+ passed' | grep -Eo '[0-9]+')))
+  failed=$((failed + $(echo "$faults_counts" | grep -Eo '[0-9]+ failed' | grep -Eo '[0-9]+')))
 fi
 
 echo "--- test suite finished in $(( $(date +%s) - t0 ))s"

@@ -464,6 +464,7 @@ fn is_transient_code(code: RDKafkaErrorCode) -> bool {
             | C::RebalanceInProgress
             | C::BrokerTransportFailure
             | C::AllBrokersDown
+            | C::DestroyBroker
             | C::OperationTimedOut
             | C::TimedOutQueue
             | C::WaitingForCoordinator

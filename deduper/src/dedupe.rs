@@ -45,14 +45,14 @@ use anyhow::{bail, Context as _};
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::KafkaError;
 use rdkafka::message::{BorrowedMessage, Header, Headers, Message, OwnedHeaders};
-use rdkafka::producer::{BaseRecord, Producer, ThreadedProducer};
+use rdkafka::producer::BaseRecord;
 use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::{Offset, TopicPartitionList};
 
 use hookline_common::config::Config;
 use hookline_common::event_headers::EventHeaders;
 use hookline_common::kafka::{
-    pipeline_consumer_config, producer_config, require_topics, retry_transient, TOPICS_WAIT,
+    pipeline_consumer_config, producer_config, require_topics, TOPICS_WAIT,
 };
 use hookline_common::keyhash::key_hash;
 use hookline_common::ops::StageProbe;
@@ -65,7 +65,7 @@ use hookline_common::topics::Topics;
 use crate::metrics::DedupeMetrics;
 use crate::rebalance::DedupeContext;
 use crate::restore::{restore, Restored};
-use crate::txn::transactional_id;
+use crate::txn::{transactional_id, transactional_producer, TxnProducer};
 
 pub use crate::restore::{restore_for_bench, RestoreStats};
 use crate::seen::SeenSet;
@@ -200,7 +200,11 @@ pub(crate) enum PartState {
 pub(crate) struct Core {
     pub(crate) config: Arc<Config>,
     pub(crate) topics: Topics,
-    pub(crate) producer: ThreadedProducer<rdkafka::producer::DefaultProducerContext>,
+    pub(crate) producer: TxnProducer,
+    /// What the producer was made from (its transactional id included), to replace it.
+    pub(crate) producer_config: rdkafka::config::ClientConfig,
+    /// When the producer was replaced, within the recovery window.
+    pub(crate) recoveries: Vec<Instant>,
     pub(crate) metrics: DedupeMetrics,
     /// Size limits of `<p>.dispatch` and `<p>.invalid`: a record that does not fit is
     /// quarantined, never sent to fail the transaction over and over.
@@ -470,6 +474,7 @@ fn run_blocking(
 ) -> anyhow::Result<()> {
     let topics = Topics::new(&config.topics.prefix);
     let mut pcfg = producer_config(&config);
+    // One transactional id for the process's life: a replacement producer fences its predecessor.
     pcfg.set("transactional.id", transactional_id(&config)).set(
         "transaction.timeout.ms",
         TRANSACTION_TIMEOUT.as_millis().to_string(),
@@ -477,23 +482,15 @@ fn run_blocking(
     // The commit is the acknowledgement (it waits for every record of the transaction), so
     // successful delivery reports would only wake the polling thread to be thrown away.
     pcfg.set("delivery.report.only.error", "true");
-    let producer: ThreadedProducer<rdkafka::producer::DefaultProducerContext> = pcfg
-        .create()
-        .context("creating the transactional producer")?;
-    // Armed per call: the retries of a broker that is still starting may take longer than the
-    // deadline in total, but no single call may.
-    retry_transient("initialising transactions", || {
-        watchdog.guard("init_transactions", || {
-            producer.init_transactions(TXN_CALL_TIMEOUT)
-        })
-    })
-    .context("initialising transactions (does the broker allow them? transaction.state.log.replication.factor)")?;
+    let producer = transactional_producer(&pcfg, &watchdog)?;
 
     let (restore_tx, restore_rx) = mpsc::channel();
     let core = Arc::new(Mutex::new(Core {
         config: config.clone(),
         topics: topics.clone(),
         producer,
+        producer_config: pcfg,
+        recoveries: Vec::new(),
         metrics,
         limits,
         produce_errors,

@@ -148,7 +148,7 @@ impl DedupeMetrics {
         registry.register(Box::new(restored_records.clone()))?;
         registry.register(Box::new(seen_keys.clone()))?;
         registry.register(Box::new(seen_bytes.clone()))?;
-        for r in ["committed", "aborted"] {
+        for r in ["committed", "aborted", "recovered"] {
             transactions.with_label_values(&[r]);
         }
         Ok(DedupeMetrics {
@@ -201,6 +201,15 @@ impl DedupeMetrics {
     pub fn emit_abort(&self) {
         tracing::warn!("dedupe transaction aborted; partitions rewound and restored");
         self.transactions.with_label_values(&["aborted"]).inc();
+    }
+
+    /// The transactional producer was replaced (its transaction state could not be trusted).
+    pub fn emit_recovered(&self, error: &anyhow::Error) {
+        tracing::warn!(
+            error = %error,
+            "dedupe transaction state lost; transactional producer replaced (the old one fenced), partitions rewound and restored"
+        );
+        self.transactions.with_label_values(&["recovered"]).inc();
     }
 
     pub fn emit_restored(

@@ -6,9 +6,10 @@
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
+use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::KafkaError;
-use rdkafka::producer::{Producer, ThreadedProducer};
+use rdkafka::producer::{DefaultProducerContext, Producer, ThreadedProducer};
 use rdkafka::{Offset, TopicPartitionList};
 
 use hookline_common::config::Config;
@@ -17,6 +18,36 @@ use hookline_common::produce::flush_acked;
 
 use crate::dedupe::{Core, STAGE, TXN_CALL_TIMEOUT};
 use crate::rebalance::DedupeContext;
+use crate::watchdog::Watchdog;
+
+pub(crate) type TxnProducer = ThreadedProducer<DefaultProducerContext>;
+
+/// Producer replacements allowed within [`RECOVERY_WINDOW`] before the stage gives up: a broker
+/// failover costs one or two; more means something else is wrong (e.g. two processes with one
+/// `kafka.instance_id` fencing each other), which a restart by the orchestrator should surface.
+const MAX_RECOVERIES: usize = 5;
+const RECOVERY_WINDOW: Duration = Duration::from_secs(300);
+
+/// Creates stage B's transactional producer with `txn_id` and initialises its transactions.
+/// `init_transactions` fences any earlier producer with the same id and waits until the
+/// coordinator has finished (committed or aborted) that producer's open transaction.
+pub(crate) fn transactional_producer(
+    pcfg: &ClientConfig,
+    watchdog: &Watchdog,
+) -> anyhow::Result<TxnProducer> {
+    let producer: TxnProducer = pcfg
+        .create()
+        .context("creating the transactional producer")?;
+    // Armed per call: the retries of a broker that is still starting may take longer than the
+    // deadline in total, but no single call may.
+    retry_transient("initialising transactions", || {
+        watchdog.guard("init_transactions", || {
+            producer.init_transactions(TXN_CALL_TIMEOUT)
+        })
+    })
+    .context("initialising transactions (does the broker allow them? transaction.state.log.replication.factor)")?;
+    Ok(producer)
+}
 
 pub(crate) enum TxnFailure {
     Abortable(anyhow::Error),
@@ -72,11 +103,51 @@ pub(crate) fn transactional_id(config: &Config) -> String {
 impl Core {
     pub(crate) fn begin_if_needed(&mut self) -> anyhow::Result<()> {
         if !self.txn_open {
-            self.guarded("begin_transaction", |p| p.begin_transaction())
-                .context("beginning a transaction")?;
+            if let Err(e) = self.guarded("begin_transaction", |p| p.begin_transaction()) {
+                // No transaction is open, so nothing uncommitted is at stake: a producer in an
+                // error state is replaced and the begin tried once more.
+                self.recover_producer(anyhow::anyhow!("beginning a transaction: {e}"))?;
+                self.guarded("begin_transaction", |p| p.begin_transaction())
+                    .context("beginning a transaction with a new producer")?;
+            }
             self.txn_open = true;
             self.txn_started = Instant::now();
         }
+        Ok(())
+    }
+
+    /// Replaces the transactional producer the way Kafka Streams recovers one whose transaction
+    /// state it can no longer trust (an abort the coordinator refuses after it moved, a fatal
+    /// error such as an epoch bumped when a transaction timed out during a broker outage): a new
+    /// producer with the same transactional id, whose `init_transactions` fences the old one and
+    /// lets the coordinator finish its open transaction one way or the other. Whatever it decided,
+    /// the caller then rewinds every partition to its committed offset and restores its seen-set
+    /// from the changelog, so the state again matches what is committed. Gives up (an error: the
+    /// stage stops) after [`MAX_RECOVERIES`] within [`RECOVERY_WINDOW`].
+    pub(crate) fn recover_producer(&mut self, why: anyhow::Error) -> anyhow::Result<()> {
+        let now = Instant::now();
+        self.recoveries
+            .retain(|t| now.duration_since(*t) < RECOVERY_WINDOW);
+        if self.recoveries.len() >= MAX_RECOVERIES {
+            return Err(why.context(format!(
+                "the transactional producer was replaced {MAX_RECOVERIES} times within {}s and still fails",
+                RECOVERY_WINDOW.as_secs()
+            )));
+        }
+        self.recoveries.push(now);
+        self.metrics.emit_recovered(&why);
+        let fresh = transactional_producer(&self.producer_config, &self.watchdog)
+            .context("replacing the transactional producer")?;
+        let old = std::mem::replace(&mut self.producer, fresh);
+        // Fenced already; its close may wait on an unreachable broker: bounded, off this thread.
+        hookline_common::closing::close_blocking(
+            "the replaced transactional producer",
+            move || drop(old),
+        );
+        self.txn_open = false;
+        self.doomed = false;
+        self.batch.clear();
+        self.batch_records = 0;
         Ok(())
     }
 
@@ -122,7 +193,10 @@ impl Core {
                     self.batch_records = 0;
                     return Ok(());
                 }
-                Err(TxnFailure::Fatal(e)) => return Err(e),
+                Err(TxnFailure::Fatal(e)) => {
+                    self.recover_producer(e)?;
+                    return self.abort_and_rewind(consumer);
+                }
                 Err(TxnFailure::Abortable(e)) => {
                     tracing::warn!(error = %e, "dedupe transaction failed; aborting and restoring state");
                     // A record refused as too large fails the whole transaction, and librdkafka
@@ -229,7 +303,12 @@ impl Core {
         consumer: &BaseConsumer<DedupeContext>,
     ) -> anyhow::Result<()> {
         if self.txn_open {
-            self.abort_open()?;
+            if let Err(e) = self.abort_open() {
+                if self.failed {
+                    return Err(e);
+                }
+                self.recover_producer(e)?;
+            }
         } else {
             self.metrics.emit_abort();
         }

@@ -1,0 +1,224 @@
+//! The ledger of a round, read with independent consumers from the topics and from the receiver's
+//! record: every unique dedupe key reached every subscribed endpoint (a 200) or holds exactly
+//! one dead letter for it; no dedupe key has two committed dispatch records; every invalid input
+//! is on `<p>.invalid` with a reason; duplicate POSTs are counted against the bound
+//! docs/reliability.md states.
+
+use std::collections::{BTreeSet, HashMap};
+use std::fmt;
+use std::time::{Duration, Instant};
+
+use crate::harness;
+use crate::receiver::{Behavior, Receiver};
+
+/// How long a round may take to settle after its stream ends: the last retry is 32 s after the
+/// first attempt, plus the time a restarted broker's partitions take to catch up.
+const SETTLE: Duration = Duration::from_secs(150);
+/// Duplicate POSTs allowed per round: at-least-once means a redelivery after a consumer
+/// rebalance cut work short; with no process exit there should be none, and a handful at most.
+/// docs/reliability.md states the bound this enforces.
+pub const MAX_DUPLICATE_SHARE: f64 = 0.01;
+
+pub struct Summary {
+    pub events: usize,
+    pub delivered: [usize; 2],
+    pub dead: [usize; 2],
+    pub duplicate_posts: usize,
+    pub invalid: usize,
+    pub settle_secs: f64,
+}
+
+impl fmt::Display for Summary {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} events: healthy {} delivered / {} dead, flaky {} delivered / {} dead; {} duplicate POSTs; {} invalid quarantined; settled {:.1}s after the stream",
+            self.events,
+            self.delivered[0],
+            self.dead[0],
+            self.delivered[1],
+            self.dead[1],
+            self.duplicate_posts,
+            self.invalid,
+            self.settle_secs
+        )
+    }
+}
+
+const ENDPOINTS: [(&str, &str); 2] = [("healthy", "/healthy"), ("flaky", "/flaky")];
+
+/// Webhook ids answered 200 at `path`, with how many 200s each got (the i-th request to a
+/// scripted path got the i-th behaviour of its script).
+fn delivered(rx: &Receiver, path: &str, script: Option<&[Behavior]>) -> HashMap<String, usize> {
+    let mut ok = HashMap::new();
+    for (i, r) in rx.requests(path).iter().enumerate() {
+        let status = match script.and_then(|s| s.get(i)) {
+            Some(Behavior::Status(c)) => *c,
+            Some(_) => 0,
+            None => 200,
+        };
+        if status == 200 {
+            if let Some(id) = r.headers.get("webhook-id") {
+                *ok.entry(id.clone()).or_insert(0) += 1;
+            }
+        }
+    }
+    ok
+}
+
+/// Dead letters per (endpoint, event id).
+fn dead_letters(prefix: &str) -> HashMap<(String, String), usize> {
+    let mut dead = HashMap::new();
+    for m in harness::read_until(&format!("{prefix}.dlq"), Duration::from_secs(3), |_| false) {
+        if let (Some(e), Some(id)) = (
+            harness::header(&m, "hookline-endpoint-id"),
+            harness::header(&m, "hookline-event-id"),
+        ) {
+            *dead.entry((e.to_owned(), id.to_owned())).or_insert(0) += 1;
+        }
+    }
+    dead
+}
+
+/// Waits until the round settles, then checks every line of the ledger. `alive` is called on
+/// every turn (it fails the test if the process exited).
+pub fn settle(
+    prefix: &str,
+    ids: &BTreeSet<String>,
+    invalid_expected: usize,
+    rx: &Receiver,
+    flaky_script: &[Behavior],
+    mut alive: impl FnMut(),
+) -> Summary {
+    let start = Instant::now();
+    let scripts = [None, Some(flaky_script)];
+    let (ok, dead) = loop {
+        alive();
+        let ok: Vec<HashMap<String, usize>> = ENDPOINTS
+            .iter()
+            .zip(scripts)
+            .map(|((_, path), s)| delivered(rx, path, s))
+            .collect();
+        let missing: Vec<(usize, &String)> = (0..2)
+            .flat_map(|e| {
+                let ok = &ok[e];
+                ids.iter()
+                    .filter(move |id| !ok.contains_key(*id))
+                    .map(move |id| (e, id))
+            })
+            .collect();
+        let dead = if missing.is_empty() {
+            HashMap::new()
+        } else {
+            dead_letters(prefix)
+        };
+        let lost: Vec<_> = missing
+            .iter()
+            .filter(|(e, id)| !dead.contains_key(&(ENDPOINTS[*e].0.to_owned(), (*id).clone())))
+            .collect();
+        if lost.is_empty() {
+            break (ok, dead);
+        }
+        assert!(
+            start.elapsed() < SETTLE,
+            "after {SETTLE:?}, {} (endpoint, event) deliveries neither reached the receiver nor are dead, e.g. {:?}",
+            lost.len(),
+            &lost[..lost.len().min(5)]
+        );
+        std::thread::sleep(Duration::from_secs(1));
+    };
+    let settle_secs = start.elapsed().as_secs_f64();
+
+    // Exactly one dead letter for each delivery that never succeeded.
+    let mut dead_count = [0usize; 2];
+    for (e, (name, _)) in ENDPOINTS.iter().enumerate() {
+        for id in ids {
+            let n = dead
+                .get(&(name.to_string(), id.clone()))
+                .copied()
+                .unwrap_or(0);
+            if !ok[e].contains_key(id) {
+                assert_eq!(n, 1, "{name}/{id}: exactly one dead letter");
+                dead_count[e] += 1;
+            }
+        }
+    }
+
+    // No dedupe key dispatched twice; every one dispatched.
+    let dispatch = harness::read_until(
+        &format!("{prefix}.dispatch"),
+        Duration::from_secs(60),
+        |rs| rs.len() >= ids.len(),
+    );
+    let more = harness::read_until(
+        &format!("{prefix}.dispatch"),
+        Duration::from_secs(3),
+        |_| false,
+    );
+    let dispatch = if more.len() > dispatch.len() {
+        more
+    } else {
+        dispatch
+    };
+    let mut by_key: HashMap<String, usize> = HashMap::new();
+    let mut dispatched_ids = BTreeSet::new();
+    for m in &dispatch {
+        let key = harness::header(m, "hookline-dedupe-key")
+            .expect("every dispatch record has its dedupe key")
+            .to_owned();
+        *by_key.entry(key).or_insert(0) += 1;
+        if let Some(id) = harness::header(m, "hookline-event-id") {
+            dispatched_ids.insert(id.to_owned());
+        }
+    }
+    let twice: Vec<_> = by_key.iter().filter(|(_, n)| **n > 1).collect();
+    assert!(
+        twice.is_empty(),
+        "{} dedupe keys have two or more committed dispatch records, e.g. {:?}",
+        twice.len(),
+        &twice[..twice.len().min(5)]
+    );
+    assert_eq!(
+        &dispatched_ids, ids,
+        "the dispatch topic holds exactly the unique ids"
+    );
+
+    // Every invalid input quarantined, with a reason.
+    let invalid = harness::read_until(
+        &format!("{prefix}.invalid"),
+        Duration::from_secs(30),
+        |rs| rs.len() >= invalid_expected,
+    );
+    assert_eq!(
+        invalid.len(),
+        invalid_expected,
+        "invalid records quarantined"
+    );
+    for m in &invalid {
+        assert!(
+            harness::header(m, "hookline-invalid-reason").is_some_and(|r| !r.is_empty()),
+            "a quarantined record has its reason"
+        );
+    }
+
+    // Duplicate POSTs: 200s beyond the first per (endpoint, id).
+    let duplicate_posts: usize = ok
+        .iter()
+        .flat_map(|m| m.values())
+        .map(|n| n.saturating_sub(1))
+        .sum();
+    let bound = (MAX_DUPLICATE_SHARE * (2 * ids.len()) as f64).ceil() as usize;
+    assert!(
+        duplicate_posts <= bound,
+        "{duplicate_posts} duplicate POSTs, over the bound of {bound} (docs/reliability.md)"
+    );
+
+    Summary {
+        events: ids.len(),
+        delivered: [ok[0].len(), ok[1].len()],
+        dead: dead_count,
+        duplicate_posts,
+        invalid: invalid.len(),
+        settle_secs,
+    }
+}
