@@ -10,7 +10,7 @@ test:  ## fmt, clippy, unit and integration tests against a real local Kafka, de
 test-containers: ## the image built (hookline:local) and the Compose stack run, killed, scaled (needs Docker)
 	bash scripts/test-containers.sh
 
-test-faults: ## brokers killed under load on a local three-broker cluster, ledger checked; HOOKLINE_FAULT_ROUNDS=10 for the long variant
+test-faults: ## brokers killed under load on a local three-broker cluster, ledger checked; HOOKLINE_TEST_FAULT_ROUNDS=10 for the long variant
 	bash scripts/test-faults.sh
 
 bench: ## end-to-end benchmark against the local Kafka (release build); BENCH_ARGS="--events 20000" etc.

@@ -5,7 +5,7 @@
 # dashboard, kill -9 / SIGTERM of the pipeline, down/up keeping the dead letters, the stages
 # scaled with a replica killed, the Kubernetes pods started from the image.
 # Needs a Docker engine and `docker compose` (scripts/install-container-tools.sh). Bounded by
-# HOOKLINE_CONTAINER_TEST_TIMEOUT seconds [900]. Leaves nothing running (compose down -v).
+# HOOKLINE_TEST_CONTAINER_TIMEOUT seconds [900]. Leaves nothing running (compose down -v).
 # Last line: "test-containers: N passed, M failed".
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -57,7 +57,7 @@ trap cleanup EXIT
 echo "--- cargo test --test containers"
 log=$(mktemp)
 status=0
-timeout --signal=INT "${HOOKLINE_CONTAINER_TEST_TIMEOUT:-900}" \
+timeout --signal=INT "${HOOKLINE_TEST_CONTAINER_TIMEOUT:-900}" \
   cargo test --test containers -- --nocapture --test-threads=1 2>&1 | tee "$log" || status=$?
 passed=$((passed + $(grep -Eo '^test result: .* ([0-9]+) passed' "$log" | grep -Eo '[0-9]+ passed' | awk '{s+=$1} END {print s+0}')))
 failed=$((failed + $(grep -Eo '^test result: .* ([0-9]+) failed' "$log" | grep -Eo '[0-9]+ failed' | awk '{s+=$1} END {print s+0}')))

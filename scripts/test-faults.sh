@@ -2,8 +2,8 @@
 # The fault tests (`make test-faults`, part of `make test`): starts a three-broker KRaft cluster
 # (deploy/local/kafka-cluster, fresh data dir, replication 3, min ISR 2), runs tests/faults against
 # it (brokers killed with SIGKILL under load; the ledger checked after each round), then stops and
-# deletes the cluster. HOOKLINE_FAULT_ROUNDS rounds [1]; the long variant is
-# HOOKLINE_FAULT_ROUNDS=10. Bounded by HOOKLINE_FAULT_TEST_TIMEOUT seconds [900].
+# deletes the cluster. HOOKLINE_TEST_FAULT_ROUNDS rounds [1]; the long variant is
+# HOOKLINE_TEST_FAULT_ROUNDS=10. Bounded by HOOKLINE_TEST_FAULT_TIMEOUT seconds [900].
 # Last line: "test-faults: N passed, M failed".
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -35,11 +35,11 @@ if ! $cluster start; then
   exit 1
 fi
 
-echo "--- cargo test --test faults (${HOOKLINE_FAULT_ROUNDS:-1} round(s))"
+echo "--- cargo test --test faults (${HOOKLINE_TEST_FAULT_ROUNDS:-1} round(s))"
 log=$(mktemp)
 status=0
 HOOKLINE_TEST_KAFKA=$($cluster bootstrap) HOOKLINE_TEST_CLUSTER=$PWD/$cluster \
-  timeout --signal=INT "${HOOKLINE_FAULT_TEST_TIMEOUT:-900}" \
+  timeout --signal=INT "${HOOKLINE_TEST_FAULT_TIMEOUT:-900}" \
   cargo test --test faults -- --nocapture --test-threads=1 2>&1 | tee "$log" || status=$?
 passed=$(grep -Eo '^test result: .* ([0-9]+) passed' "$log" | grep -Eo '[0-9]+ passed' | awk '{s+=$1} END {print s+0}')
 failed=$(grep -Eo '^test result: .* ([0-9]+) failed' "$log" | grep -Eo '[0-9]+ failed' | awk '{s+=$1} END {print s+0}')

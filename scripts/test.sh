@@ -58,57 +58,48 @@ fi
 echo "--- cargo test (unit + integration against Kafka at $bootstrap)"
 log=$(mktemp "${TMPDIR:-/tmp}/hookline-test.XXXXXX")
 status=0
-HOOKLINE_TEST_KAFKA=$bootstrap cargo test --workspace --all-targets -- \
+# --no-fail-fast: a failing test binary does not hide the results of the ones after it.
+HOOKLINE_TEST_KAFKA=$bootstrap cargo test --workspace --all-targets --no-fail-fast -- \
   --test-threads="${HOOKLINE_TEST_THREADS:-3}" 2>&1 | tee "$log" || status=$?
 passed=$(grep -Eo '^test result: .* ([0-9]+) passed' "$log" | grep -Eo '[0-9]+ passed' | awk '{s+=$1} END {print s+0}')
 failed=$(grep -Eo '^test result: .* ([0-9]+) failed' "$log" | grep -Eo '[0-9]+ failed' | awk '{s+=$1} END {print s+0}')
 rm -f "$log"
 
+# Runs a sub-suite script whose last line is "<name>: N passed, M failed" and adds its counts; a
+# script that ends without that line counts as one failure.
+run_counted() {
+  local name=$1 script=$2 sub_log counts
+  sub_log=$(mktemp "${TMPDIR:-/tmp}/hookline-$name.XXXXXX")
+  bash "$script" 2>&1 | tee "$sub_log" || status=$?
+  counts=$(grep -E "^$name: [0-9]+ passed, [0-9]+ failed" "$sub_log" | tail -1 || true)
+  rm -f "$sub_log"
+  if [[ -z $counts ]]; then
+    failed=$((failed + 1))
+  else
+    passed=$((passed + $(echo "$counts" | grep -Eo '[0-9]+ passed' | grep -Eo '[0-9]+')))
+    failed=$((failed + $(echo "$counts" | grep -Eo '[0-9]+ failed' | grep -Eo '[0-9]+')))
+  fi
+}
+
 # Kubernetes manifests, compose file, alert rules, dashboard (needs the tools of
 # scripts/install-deploy-tools.sh; a missing tool is a failure, never a skip).
 echo "--- deploy checks (scripts/check-deploy.sh)"
-deploy_log=$(mktemp "${TMPDIR:-/tmp}/hookline-deploy.XXXXXX")
-bash scripts/check-deploy.sh 2>&1 | tee "$deploy_log" || status=$?
-deploy_counts=$(grep -E '^check-deploy: [0-9]+ passed, [0-9]+ failed' "$deploy_log" | tail -1 || true)
-rm -f "$deploy_log"
-if [[ -z $deploy_counts ]]; then
-  failed=$((failed + 1))
-else
-  passed=$((passed + $(echo "$deploy_counts" | grep -Eo '[0-9]+ passed' | grep -Eo '[0-9]+')))
-  failed=$((failed + $(echo "$deploy_counts" | grep -Eo '[0-9]+ failed' | grep -Eo '[0-9]+')))
-fi
+run_counted check-deploy scripts/check-deploy.sh
+
 # The image built and the Compose stack run for real (needs Docker: scripts/install-container-tools.sh).
-# HOOKLINE_SKIP_CONTAINERS=1 leaves them out of a local run and says so; the suite then fails.
+# HOOKLINE_TEST_SKIP_CONTAINERS=1 leaves them out of a local run and says so; the suite then fails.
 echo "--- container tests (scripts/test-containers.sh)"
-if [[ ${HOOKLINE_SKIP_CONTAINERS:-0} == 1 ]]; then
-  echo "--- HOOKLINE_SKIP_CONTAINERS=1: container tests NOT run; counted as one failure"
+if [[ ${HOOKLINE_TEST_SKIP_CONTAINERS:-0} == 1 ]]; then
+  echo "--- HOOKLINE_TEST_SKIP_CONTAINERS=1: container tests NOT run; counted as one failure"
   failed=$((failed + 1))
 else
-  containers_log=$(mktemp "${TMPDIR:-/tmp}/hookline-containers.XXXXXX")
-  bash scripts/test-containers.sh 2>&1 | tee "$containers_log" || status=$?
-  containers_counts=$(grep -E '^test-containers: [0-9]+ passed, [0-9]+ failed' "$containers_log" | tail -1 || true)
-  rm -f "$containers_log"
-  if [[ -z $containers_counts ]]; then
-    failed=$((failed + 1))
-  else
-    passed=$((passed + $(echo "$containers_counts" | grep -Eo '[0-9]+ passed' | grep -Eo '[0-9]+')))
-    failed=$((failed + $(echo "$containers_counts" | grep -Eo '[0-9]+ failed' | grep -Eo '[0-9]+')))
-  fi
+  run_counted test-containers scripts/test-containers.sh
 fi
 
-# Brokers killed under load on a three-broker cluster (one round; HOOKLINE_FAULT_ROUNDS=10 for the
-# long variant): scripts/test-faults.sh starts and removes the cluster itself.
+# Brokers killed under load on a three-broker cluster (one round; HOOKLINE_TEST_FAULT_ROUNDS=10 for
+# the long variant): scripts/test-faults.sh starts and removes the cluster itself.
 echo "--- fault tests on three brokers (scripts/test-faults.sh)"
-faults_log=$(mktemp "${TMPDIR:-/tmp}/hookline-faults.XXXXXX")
-bash scripts/test-faults.sh 2>&1 | tee "$faults_log" || status=$?
-faults_counts=$(grep -E '^test-faults: [0-9]+ passed, [0-9]+ failed' "$faults_log" | tail -1 || true)
-rm -f "$faults_log"
-if [[ -z $faults_counts ]]; then
-  failed=$((failed + 1))
-else
-  passed=$((passed + $(echo "$faults_counts" | grep -Eo '[0-9]+ passed' | grep -Eo '[0-9]+')))
-  failed=$((failed + $(echo "$faults_counts" | grep -Eo '[0-9]+ failed' | grep -Eo '[0-9]+')))
-fi
+run_counted test-faults scripts/test-faults.sh
 
 echo "--- test suite finished in $(( $(date +%s) - t0 ))s"
 # The whole suite's count, on the last line.

@@ -41,7 +41,7 @@ const PREFIX: &str = "webhooks";
 const DEMO_TOKEN: &str = "hlk_c6f0f79a34cc503fedbb1e26ad83e5839bd5cd9c5e7e39e6da7d42b8d0f5f130";
 
 fn compose_cmd() -> Vec<String> {
-    std::env::var("HOOKLINE_COMPOSE")
+    std::env::var("HOOKLINE_TEST_COMPOSE")
         .unwrap_or_else(|_| "docker compose".into())
         .split_whitespace()
         .map(str::to_owned)

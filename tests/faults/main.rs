@@ -5,7 +5,7 @@
 //!
 //! `scripts/test-faults.sh` starts the cluster (`deploy/local/kafka-cluster`: three KRaft nodes,
 //! replication 3, `min.insync.replicas` 2) and runs this binary with `HOOKLINE_TEST_KAFKA` set to
-//! its bootstrap list and `HOOKLINE_TEST_CLUSTER` to the script. `HOOKLINE_FAULT_ROUNDS` rounds
+//! its bootstrap list and `HOOKLINE_TEST_CLUSTER` to the script. `HOOKLINE_TEST_FAULT_ROUNDS` rounds
 //! [1] (the long variant: 10). Not part of `cargo test --workspace` (`test = false`): without a
 //! cluster it fails loudly, it never skips.
 
@@ -26,6 +26,20 @@ use std::time::{Duration, Instant};
 
 use receiver::{Behavior, Receiver};
 
+/// `hookline --config <config>` with a clean `HOOKLINE_*` environment (a variable of the test
+/// runner's would be read as a config override) and the test binary's endpoint secrets key.
+fn hookline_command(config: &PathBuf) -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_hookline"));
+    for (k, _) in std::env::vars() {
+        if k.starts_with("HOOKLINE_") {
+            cmd.env_remove(k);
+        }
+    }
+    cmd.env("HOOKLINE_SECRETS_KEY", harness::secrets_key());
+    cmd.arg("--config").arg(config);
+    cmd
+}
+
 /// A `hookline run all` child process; its stderr goes to `log`.
 struct Hookline {
     child: Child,
@@ -36,17 +50,7 @@ impl Hookline {
     fn spawn(config: &PathBuf) -> Hookline {
         let log = config.with_file_name("hookline.log");
         let file = std::fs::File::create(&log).expect("log file");
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_hookline"));
-        // The runner's HOOKLINE_TEST_* variables are reserved names, but keep the child clean.
-        for (k, _) in std::env::vars() {
-            if k.starts_with("HOOKLINE_") {
-                cmd.env_remove(k);
-            }
-        }
-        cmd.env("HOOKLINE_SECRETS_KEY", harness::secrets_key());
-        let child = cmd
-            .arg("--config")
-            .arg(config)
+        let child = hookline_command(config)
             .args(["run", "all"])
             .stdout(Stdio::null())
             .stderr(file)
@@ -222,7 +226,7 @@ fn produce(
 }
 
 fn rounds() -> usize {
-    std::env::var("HOOKLINE_FAULT_ROUNDS")
+    std::env::var("HOOKLINE_TEST_FAULT_ROUNDS")
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(1)
@@ -249,11 +253,8 @@ fn failover_round(round: usize, rt: &tokio::runtime::Runtime) -> ledger::Summary
         .collect();
     rx.script("/flaky", flaky.clone());
     let config = write_config(&prefix, &rx);
-    let topics = Command::new(env!("CARGO_BIN_EXE_hookline"))
-        .arg("--config")
-        .arg(&config)
+    let topics = hookline_command(&config)
         .args(["topics", "apply"])
-        .env_remove("HOOKLINE_TEST_KAFKA")
         .output()
         .expect("topics apply");
     assert!(
