@@ -46,23 +46,35 @@ pub fn start_node(n: usize) -> f64 {
     t.elapsed().as_secs_f64()
 }
 
-/// What node `n` leads among the round's hot partitions (partition 0 of the dedupe and dispatch
-/// topics), for the log: " (leader of …)" or "".
-pub fn roles(n: usize, prefix: &str) -> String {
+/// The node coordinating transactional id `id`, if the cluster knows it.
+pub fn txn_coordinator(id: &str) -> Option<usize> {
+    let out = Command::new(script())
+        .args(["coordinator", "txn", id])
+        .output()
+        .ok()?;
+    String::from_utf8_lossy(&out.stdout).trim().parse().ok()
+}
+
+/// What node `n` is for the round, for the log: stage B's transaction coordinator, leader of
+/// partition 0 of the dedupe or dispatch topic; " (…)" or "".
+pub fn roles(n: usize, prefix: &str, txn_id: &str) -> String {
     let mut led = Vec::new();
+    if txn_coordinator(txn_id) == Some(n) {
+        led.push("stage B's transaction coordinator".to_owned());
+    }
     for topic in [format!("{prefix}.dedupe"), format!("{prefix}.dispatch")] {
         let out = Command::new(script())
             .args(["leader", &topic, "0"])
             .output();
         if let Ok(out) = out {
             if String::from_utf8_lossy(&out.stdout).trim() == n.to_string() {
-                led.push(format!("{topic}[0]"));
+                led.push(format!("leader of {topic}[0]"));
             }
         }
     }
     if led.is_empty() {
         String::new()
     } else {
-        format!(" (leader of {})", led.join(", "))
+        format!(" ({})", led.join(", "))
     }
 }

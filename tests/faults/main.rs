@@ -5,9 +5,10 @@
 //!
 //! `scripts/test-faults.sh` starts the cluster (`deploy/local/kafka-cluster`: three KRaft nodes,
 //! replication 3, `min.insync.replicas` 2) and runs this binary with `HOOKLINE_TEST_KAFKA` set to
-//! its bootstrap list and `HOOKLINE_TEST_CLUSTER` to the script. `HOOKLINE_TEST_FAULT_ROUNDS` rounds
-//! [1] (the long variant: 10). Not part of `cargo test --workspace` (`test = false`): without a
-//! cluster it fails loudly, it never skips.
+//! its bootstrap list and `HOOKLINE_TEST_CLUSTER` to the script. `HOOKLINE_TEST_FAULT_ROUNDS`
+//! rounds [1] (the long variant: 10); `HOOKLINE_TEST_FAULT_EVENTS` unique events per round
+//! [2400] at `HOOKLINE_TEST_FAULT_RATE` per second [80]. Not part of `cargo test --workspace`
+//! (`test = false`): without a cluster it fails loudly, it never skips.
 
 #[allow(dead_code)]
 #[path = "../it/harness.rs"]
@@ -109,6 +110,9 @@ fn write_config(prefix: &str, rx: &Receiver) -> PathBuf {
     let text = format!(
         r#"[kafka]
 bootstrap_servers = "{bs}"
+# A stable transactional id for stage B ("<prefix>.deduper.dedupe.fo"), so the test can find and
+# kill its transaction coordinator; static group membership, as on Kubernetes' StatefulSet.
+instance_id = "fo"
 [topics]
 prefix = "{prefix}"
 partitions = 3
@@ -276,7 +280,15 @@ fn failover_round(round: usize, rt: &tokio::runtime::Runtime) -> ledger::Summary
         "hookline starting; broker {} killed (SIGKILL)",
         order[0]
     ));
-    let (ids, producing) = produce(&prefix, 2400, 30, 80.0);
+    let rate = std::env::var("HOOKLINE_TEST_FAULT_RATE")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(80.0);
+    let events = std::env::var("HOOKLINE_TEST_FAULT_EVENTS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(2400);
+    let (ids, producing) = produce(&prefix, events, 30, rate);
     let watch = |what: &str, secs: u64, hookline: &mut Hookline| {
         let until = Instant::now() + Duration::from_secs(secs);
         while Instant::now() < until {
@@ -288,9 +300,17 @@ fn failover_round(round: usize, rt: &tokio::runtime::Runtime) -> ledger::Summary
     let back = cluster::start_node(order[0]);
     say(&format!("broker {} back in {back:.1}s", order[0]));
     watch("the stream", 4, &mut hookline);
-    for &n in &order[1..] {
-        // Whichever broker leads or coordinates now: a kill in turn hits each role in a round.
-        let roles = cluster::roles(n, &prefix);
+    // Stage B's transaction coordinator dies next (unless it was the broker killed at startup),
+    // then the remaining broker: a kill in turn hits every role in a round.
+    let txn_id = format!("{prefix}.deduper.dedupe.fo");
+    let mut rest = order[1..].to_vec();
+    if let Some(c) = cluster::txn_coordinator(&txn_id) {
+        if let Some(i) = rest.iter().position(|n| *n == c) {
+            rest.swap(0, i);
+        }
+    }
+    for n in rest {
+        let roles = cluster::roles(n, &prefix, &txn_id);
         cluster::kill9(n);
         say(&format!("broker {n} killed (SIGKILL){roles}"));
         watch(&format!("broker {n}'s outage"), 8, &mut hookline);
