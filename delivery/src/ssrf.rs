@@ -78,7 +78,8 @@ pub enum BlockedAddress {
 /// Decides whether an address may be connected to.
 #[derive(Debug, Clone)]
 pub struct SsrfGuard {
-    /// Operator exemptions (`http.allow_cidrs`); they win over the blocked ranges.
+    /// Operator exemptions (`http.allow_cidrs`), canonical like the addresses checked against
+    /// them (see [`canonical_net`]); they win over the blocked ranges.
     allow: Vec<IpNet>,
     blocked: Vec<IpNet>,
 }
@@ -90,6 +91,7 @@ impl SsrfGuard {
             .iter()
             .map(|c| {
                 c.parse::<IpNet>()
+                    .map(canonical_net)
                     .map_err(|e| format!("allow CIDR `{c}` is invalid: {e}"))
             })
             .collect::<Result<Vec<_>, _>>()?;
@@ -127,6 +129,20 @@ impl SsrfGuard {
             Some(Host::Ipv6(ip)) => self.check_ip(IpAddr::V6(ip)),
             Some(Host::Domain(_)) | None => Ok(()),
         }
+    }
+}
+
+/// An allow-list CIDR as [`SsrfGuard::check_ip`] compares it: one inside the IPv4-mapped range
+/// (`::ffff:10.0.0.0/104`) is the IPv4 CIDR it spells (`10.0.0.0/8`), since a mapped address is
+/// judged as its IPv4 address; kept as written, it would hold no address the guard ever sees.
+/// A wider IPv6 CIDR (`::/0`) stays IPv6: it does not admit IPv4 addresses.
+fn canonical_net(net: IpNet) -> IpNet {
+    match net {
+        IpNet::V6(v6) if v6.prefix_len() >= 96 => match v6.network().to_ipv4_mapped() {
+            Some(v4) => ipnet::Ipv4Net::new(v4, v6.prefix_len() - 96).map_or(net, IpNet::V4),
+            None => net,
+        },
+        _ => net,
     }
 }
 
@@ -423,6 +439,21 @@ mod tests {
         assert!(SsrfGuard::new(&["localhost".to_string()]).is_err());
     }
 
+    /// Found by `fuzz_ssrf_guard`: an allow CIDR in IPv4-mapped spelling admitted nothing, as
+    /// mapped addresses are judged as their IPv4 address. It is the IPv4 range it spells; a
+    /// wider IPv6 range does not take in IPv4.
+    #[test]
+    fn allow_cidr_in_ipv4_mapped_spelling_is_the_ipv4_range() {
+        let g = SsrfGuard::new(&["::ffff:10.0.0.0/104".to_string()]).expect("guard");
+        assert_eq!(g.check_ip(ip("10.1.2.3")), Ok(()));
+        assert_eq!(g.check_ip(ip("::ffff:10.1.2.3")), Ok(()));
+        assert!(g.check_ip(ip("192.168.0.1")).is_err() && g.check_ip(ip("127.0.0.1")).is_err());
+        let g = SsrfGuard::new(&["::/0".to_string()]).expect("guard");
+        assert_eq!(g.check_ip(ip("fd00::1")), Ok(()));
+        assert!(g.check_ip(ip("::ffff:127.0.0.1")).is_err());
+        assert!(g.check_ip(ip("127.0.0.1")).is_err());
+    }
+
     #[tokio::test]
     async fn resolver_blocks_localhost() {
         let resolver = GuardedResolver::new(Arc::new(guard()));
@@ -448,5 +479,521 @@ mod tests {
         assert!(!kept.is_empty());
         let loopback: IpNet = "127.0.0.0/8".parse().expect("net");
         assert!(kept.iter().all(|a| loopback.contains(&a.ip())), "{kept:?}");
+    }
+
+    /// Property tests ("fuzzing on stable"): the guard against generated addresses, URLs and
+    /// allow lists for `HOOKLINE_TEST_FUZZ_MS` ms (default 1500); a failure prints arbtest's
+    /// seed and how to replay it (`HOOKLINE_TEST_FUZZ_SEED`).
+    mod fuzz {
+        use std::net::{Ipv4Addr, Ipv6Addr};
+        use std::sync::LazyLock;
+        use std::time::Instant;
+
+        use arbtest::arbitrary::{self, Unstructured};
+
+        use super::super::*;
+
+        type Property = fn(&mut Unstructured<'_>) -> arbitrary::Result<()>;
+
+        /// Runs `properties` (one drawn per case) for `HOOKLINE_TEST_FUZZ_MS` ms, or the single
+        /// case of `HOOKLINE_TEST_FUZZ_SEED` (shrunk first with `HOOKLINE_TEST_FUZZ_MINIMIZE=1`).
+        fn fuzz(size_max: u32, properties: &[(&str, Property)]) {
+            let test = std::thread::current()
+                .name()
+                .unwrap_or("<test name>")
+                .to_string();
+            let env_u64 = |name: &str| -> Option<u64> {
+                let text = std::env::var(name).ok()?;
+                let parsed = match text.strip_prefix("0x") {
+                    Some(hex) => u64::from_str_radix(hex, 16),
+                    None => text.parse(),
+                };
+                Some(parsed.unwrap_or_else(|_| panic!("{name}={text} is not a number")))
+            };
+            let budget_ms = env_u64("HOOKLINE_TEST_FUZZ_MS").unwrap_or(1500);
+            let mut cases = vec![0u64; properties.len()];
+            let start = Instant::now();
+            {
+                let _hint = ReplayHint { test: &test };
+                let run = arbtest::arbtest(|u| {
+                    let i = u.choose_index(properties.len())?;
+                    cases[i] += 1;
+                    (properties[i].1)(u)
+                })
+                .size_max(size_max)
+                .budget_ms(budget_ms);
+                match env_u64("HOOKLINE_TEST_FUZZ_SEED") {
+                    None => run.run(),
+                    Some(seed) if std::env::var_os("HOOKLINE_TEST_FUZZ_MINIMIZE").is_some() => {
+                        run.seed(seed).minimize().run()
+                    }
+                    Some(seed) => run.seed(seed).run(),
+                }
+            }
+            let elapsed = start.elapsed();
+            let total: u64 = cases.iter().sum();
+            let per: Vec<String> = properties
+                .iter()
+                .zip(&cases)
+                .map(|((name, _), n)| format!("{name}: {n}"))
+                .collect();
+            eprintln!(
+                "{test}: {total} cases in {elapsed:.1?} ({:.0}/s); {}",
+                total as f64 / elapsed.as_secs_f64().max(1e-9),
+                per.join(", ")
+            );
+        }
+
+        /// Prints, under arbtest's "Seed: 0x…" of a failing case, the command that replays it.
+        struct ReplayHint<'a> {
+            test: &'a str,
+        }
+
+        impl Drop for ReplayHint<'_> {
+            fn drop(&mut self) {
+                if std::thread::panicking() {
+                    eprintln!(
+                        "replay this case: HOOKLINE_TEST_FUZZ_SEED=<the seed above> cargo test -p {} \
+                         --lib -- --exact {}\n(add HOOKLINE_TEST_FUZZ_MINIMIZE=1 to shrink it first; \
+                         HOOKLINE_TEST_FUZZ_MS bounds the shrinking time)",
+                        env!("CARGO_PKG_NAME"),
+                        self.test
+                    );
+                }
+            }
+        }
+
+        #[test]
+        fn fuzz_ssrf_guard() {
+            fuzz(
+                2048,
+                &[
+                    ("any address", any_address),
+                    ("the blocked categories", blocked_categories),
+                    ("IPv4 embedded in IPv6", embedded_ipv4),
+                    ("URL spellings of an address", url_spellings),
+                    ("arbitrary URLs", arbitrary_urls),
+                    ("allow lists", allow_lists),
+                    ("arbitrary allow lists", arbitrary_allow_lists),
+                ],
+            );
+        }
+
+        static NO_ALLOW: LazyLock<SsrfGuard> =
+            LazyLock::new(|| SsrfGuard::new(&[]).expect("guard"));
+        static BLOCKED_NETS: LazyLock<Vec<IpNet>> =
+            LazyLock::new(|| BLOCKED.iter().map(|c| c.parse().expect("range")).collect());
+
+        /// What no endpoint may reach without an allow list, by category, written independently
+        /// of `BLOCKED`: loopback, unspecified, private, link-local, carrier-grade NAT,
+        /// multicast, documentation, reserved and broadcast, IPv6 unique-local.
+        const MUST_REFUSE: &[&str] = &[
+            "127.0.0.0/8",
+            "::1/128",
+            "0.0.0.0/8",
+            "::/128",
+            "10.0.0.0/8",
+            "172.16.0.0/12",
+            "192.168.0.0/16",
+            "169.254.0.0/16",
+            "fe80::/10",
+            "100.64.0.0/10",
+            "224.0.0.0/4",
+            "ff00::/8",
+            "192.0.2.0/24",
+            "198.51.100.0/24",
+            "203.0.113.0/24",
+            "2001:db8::/32",
+            "3fff::/20",
+            "240.0.0.0/4",
+            "255.255.255.255/32",
+            "fc00::/7",
+        ];
+
+        /// The address as the guard must judge it: an IPv4-mapped IPv6 address (`::ffff:a.b.c.d`)
+        /// is the IPv4 address it carries; nothing else is rewritten.
+        fn canonical(ip: IpAddr) -> IpAddr {
+            match ip {
+                IpAddr::V6(v6) => match v6.segments() {
+                    [0, 0, 0, 0, 0, 0xffff, hi, lo] => {
+                        IpAddr::V4(Ipv4Addr::from((u32::from(hi) << 16) | u32::from(lo)))
+                    }
+                    _ => ip,
+                },
+                v4 => v4,
+            }
+        }
+
+        fn in_blocked_range(ip: IpAddr) -> bool {
+            let ip = canonical(ip);
+            BLOCKED_NETS.iter().any(|net| net.contains(&ip))
+        }
+
+        fn net(text: &str) -> IpNet {
+            text.parse().expect("test range")
+        }
+
+        /// Host bits of a random address: all zero, all one or random (the ends of a range are
+        /// where off-by-one mistakes live).
+        fn host_bits(u: &mut Unstructured<'_>) -> arbitrary::Result<u128> {
+            Ok(match u.int_in_range(0..=3)? {
+                0 => 0,
+                1 => u128::MAX,
+                _ => u.arbitrary()?,
+            })
+        }
+
+        /// An address inside `net`.
+        fn inside(u: &mut Unstructured<'_>, net: IpNet) -> arbitrary::Result<IpAddr> {
+            let bits = host_bits(u)?;
+            Ok(match net {
+                IpNet::V4(n) => IpAddr::V4(Ipv4Addr::from(
+                    u32::from(n.network()) | (bits as u32 & u32::from(n.hostmask())),
+                )),
+                IpNet::V6(n) => IpAddr::V6(Ipv6Addr::from(
+                    u128::from(n.network()) | (bits & u128::from(n.hostmask())),
+                )),
+            })
+        }
+
+        /// The address just below or just above `net`.
+        fn beside(u: &mut Unstructured<'_>, net: IpNet) -> arbitrary::Result<IpAddr> {
+            let below = u.arbitrary()?;
+            Ok(match net {
+                IpNet::V4(n) => IpAddr::V4(Ipv4Addr::from(if below {
+                    u32::from(n.network()).wrapping_sub(1)
+                } else {
+                    u32::from(n.broadcast()).wrapping_add(1)
+                })),
+                IpNet::V6(n) => IpAddr::V6(Ipv6Addr::from(if below {
+                    u128::from(n.network()).wrapping_sub(1)
+                } else {
+                    u128::from(n.broadcast()).wrapping_add(1)
+                })),
+            })
+        }
+
+        fn v4(u: &mut Unstructured<'_>) -> arbitrary::Result<Ipv4Addr> {
+            Ok(match address(u)? {
+                IpAddr::V4(v4) => v4,
+                IpAddr::V6(v6) => Ipv4Addr::from(u128::from(v6) as u32),
+            })
+        }
+
+        /// An address anywhere, inside a blocked range, just beside one, or in an IPv6 form that
+        /// embeds an IPv4 address.
+        fn address(u: &mut Unstructured<'_>) -> arbitrary::Result<IpAddr> {
+            Ok(match u.int_in_range(0..=6)? {
+                0 => IpAddr::V4(Ipv4Addr::from(u.arbitrary::<u32>()?)),
+                1 => IpAddr::V6(Ipv6Addr::from(u.arbitrary::<u128>()?)),
+                2 => {
+                    let range = *u.choose(BLOCKED_NETS.as_slice())?;
+                    inside(u, range)?
+                }
+                3 => {
+                    let range = *u.choose(BLOCKED_NETS.as_slice())?;
+                    beside(u, range)?
+                }
+                4 => {
+                    let v4 = Ipv4Addr::from(u.arbitrary::<u32>()?);
+                    let forms = embeddings(u, v4)?;
+                    IpAddr::V6(*u.choose(&forms)?)
+                }
+                5 => inside(u, net("2000::/3"))?,
+                _ => {
+                    let range = net(u.choose(MUST_REFUSE)?);
+                    inside(u, range)?
+                }
+            })
+        }
+
+        /// The IPv6 forms that carry `v4`: IPv4-mapped, IPv4-compatible, NAT64 (well-known and
+        /// local-use prefixes), IPv4-translated (SIIT), 6to4 and Teredo.
+        fn embeddings(u: &mut Unstructured<'_>, v4: Ipv4Addr) -> arbitrary::Result<Vec<Ipv6Addr>> {
+            let bits = u32::from(v4);
+            let (hi, lo) = ((bits >> 16) as u16, bits as u16);
+            let r: [u16; 5] = u.arbitrary()?;
+            Ok(vec![
+                v4.to_ipv6_mapped(),
+                v4.to_ipv6_compatible(),
+                Ipv6Addr::new(0x64, 0xff9b, 0, 0, 0, 0, hi, lo),
+                Ipv6Addr::new(0x64, 0xff9b, 1, r[0], r[1], r[2], hi, lo),
+                Ipv6Addr::new(0, 0, 0, 0, 0xffff, 0, hi, lo),
+                Ipv6Addr::new(0x2002, hi, lo, r[0], r[1], r[2], r[3], r[4]),
+                Ipv6Addr::new(0x2001, 0, hi, lo, r[0], r[1], !hi, !lo),
+            ])
+        }
+
+        /// With no allow list an address is refused exactly when it (IPv4-mapped: the IPv4
+        /// address it carries) is inside a blocked range, and the refusal names that address and
+        /// the narrowest blocked range holding it.
+        fn any_address(u: &mut Unstructured<'_>) -> arbitrary::Result<()> {
+            let ip = address(u)?;
+            let result = NO_ALLOW.check_ip(ip);
+            assert_eq!(result.is_err(), in_blocked_range(ip), "{ip}: {result:?}");
+            match result {
+                Ok(()) => {}
+                Err(BlockedAddress::InRange { ip: named, range }) => {
+                    assert_eq!(named, canonical(ip));
+                    assert!(
+                        BLOCKED_NETS.contains(&range) && range.contains(&named),
+                        "{range}"
+                    );
+                    let narrower = BLOCKED_NETS
+                        .iter()
+                        .find(|n| n.contains(&named) && n.prefix_len() > range.prefix_len());
+                    assert_eq!(narrower, None, "{ip} refused as in {range}");
+                }
+                Err(other) => panic!("{ip}: {other:?}"),
+            }
+            Ok(())
+        }
+
+        fn blocked_categories(u: &mut Unstructured<'_>) -> arbitrary::Result<()> {
+            let range = net(u.choose(MUST_REFUSE)?);
+            let ip = inside(u, range)?;
+            assert!(
+                NO_ALLOW.check_ip(ip).is_err(),
+                "{ip} (in {range}) was let through"
+            );
+            Ok(())
+        }
+
+        /// Every IPv6 form of a blocked IPv4 address is refused; the IPv4-mapped form of any
+        /// IPv4 address is judged as that address, the other forms are refused whatever they
+        /// carry.
+        fn embedded_ipv4(u: &mut Unstructured<'_>) -> arbitrary::Result<()> {
+            let carried = if u.arbitrary()? {
+                let range = net(u.choose(MUST_REFUSE)?);
+                match inside(u, range)? {
+                    IpAddr::V4(v4) => v4,
+                    IpAddr::V6(_) => v4(u)?,
+                }
+            } else {
+                v4(u)?
+            };
+            let as_v4 = NO_ALLOW.check_ip(IpAddr::V4(carried));
+            for (i, form) in embeddings(u, carried)?.into_iter().enumerate() {
+                let result = NO_ALLOW.check_ip(IpAddr::V6(form));
+                if i == 0 {
+                    assert_eq!(result, as_v4, "{form} is {carried}");
+                } else {
+                    assert!(
+                        result.is_err(),
+                        "{form} (carrying {carried}) was let through"
+                    );
+                }
+            }
+            Ok(())
+        }
+
+        /// The ways a URL can spell `ip`: WHATWG URL parsing reads them all as that address, and
+        /// `check_url` judges the URL as `check_ip` judges the address.
+        fn url_spellings(u: &mut Unstructured<'_>) -> arbitrary::Result<()> {
+            let ip = address(u)?;
+            let host = match ip {
+                IpAddr::V4(v4) => {
+                    let n = u32::from(v4);
+                    let [a, b, c, d] = v4.octets();
+                    let octet = |u: &mut Unstructured<'_>, x: u8| -> arbitrary::Result<String> {
+                        Ok(match u.int_in_range(0..=2)? {
+                            0 => x.to_string(),
+                            1 => format!("0{x:o}"),
+                            _ => format!("0x{x:x}"),
+                        })
+                    };
+                    match u.int_in_range(0..=9)? {
+                        0 => v4.to_string(),
+                        1 => n.to_string(),
+                        2 => format!("0x{n:x}"),
+                        3 => format!("0X{n:08X}"),
+                        4 => format!("0{n:o}"),
+                        5 => {
+                            let parts = [octet(u, a)?, octet(u, b)?, octet(u, c)?, octet(u, d)?];
+                            parts.join(".")
+                        }
+                        6 => format!("{a}.{b}.{}", (u32::from(c) << 8) | u32::from(d)),
+                        7 => format!("{a}.{}", n & 0x00ff_ffff),
+                        8 => format!("{v4}."),
+                        _ => {
+                            // Percent-encoded: the host is decoded before it is parsed.
+                            let text = v4.to_string();
+                            text.bytes().map(|b| format!("%{b:02X}")).collect()
+                        }
+                    }
+                }
+                IpAddr::V6(v6) => {
+                    let s = v6.segments();
+                    match u.int_in_range(0..=3)? {
+                        0 => format!("[{v6}]"),
+                        1 => format!(
+                            "[{}]",
+                            s.iter()
+                                .map(|x| format!("{x:04X}"))
+                                .collect::<Vec<_>>()
+                                .join(":")
+                        ),
+                        2 => {
+                            let [a, b, c, d] = (u128::from(v6) as u32).to_be_bytes();
+                            let head: Vec<String> =
+                                s[..6].iter().map(|x| format!("{x:x}")).collect();
+                            format!("[{}:{a}.{b}.{c}.{d}]", head.join(":"))
+                        }
+                        _ => format!(
+                            "[{}]",
+                            s.iter()
+                                .map(|x| format!("{x:x}"))
+                                .collect::<Vec<_>>()
+                                .join(":")
+                        ),
+                    }
+                }
+            };
+            let scheme = *u.choose(&["http", "https", "HTTP"])?;
+            let port = *u.choose(&["", ":80", ":8443"])?;
+            let text = format!("{scheme}://{host}{port}/hook?x=1");
+            let url = Url::parse(&text).unwrap_or_else(|e| panic!("{text}: {e}"));
+            let parsed = match url.host() {
+                Some(Host::Ipv4(v4)) => IpAddr::V4(v4),
+                Some(Host::Ipv6(v6)) => IpAddr::V6(v6),
+                other => panic!("{text} parsed to the host {other:?}, not {ip}"),
+            };
+            assert_eq!(parsed, ip, "{text}");
+            assert_eq!(NO_ALLOW.check_url(&url), NO_ALLOW.check_ip(ip), "{text}");
+            Ok(())
+        }
+
+        /// Any URL text: checking never panics, an IP-literal host is judged as `check_ip` does,
+        /// and a name is left to the resolver.
+        fn arbitrary_urls(u: &mut Unstructured<'_>) -> arbitrary::Result<()> {
+            let host: String = if u.arbitrary()? {
+                u.arbitrary()?
+            } else {
+                let mut h = String::new();
+                for _ in 0..u.int_in_range(0..=24)? {
+                    h.push(*u.choose(&[
+                        '0', '1', '7', '9', 'x', 'f', '.', ':', '[', ']', '%', '2', 'e', '@', '/',
+                        '\u{ff11}', '\u{3002}',
+                    ])?);
+                }
+                h
+            };
+            let Ok(url) = Url::parse(&format!("http://{host}/")) else {
+                return Ok(());
+            };
+            let result = NO_ALLOW.check_url(&url);
+            match url.host() {
+                Some(Host::Ipv4(v4)) => assert_eq!(result, NO_ALLOW.check_ip(IpAddr::V4(v4))),
+                Some(Host::Ipv6(v6)) => assert_eq!(result, NO_ALLOW.check_ip(IpAddr::V6(v6))),
+                Some(Host::Domain(_)) | None => assert_eq!(result, Ok(())),
+            }
+            Ok(())
+        }
+
+        /// Whether the allow-list CIDR `allow` holds `ip`. An IPv4 address and its IPv4-mapped
+        /// IPv6 form are one address, so a CIDR in the mapped range (`::ffff:10.0.0.0/104`)
+        /// holds the IPv4 addresses it spells; a wider IPv6 CIDR (`::/0`) holds IPv6 addresses
+        /// only.
+        fn allow_holds(allow: IpNet, ip: IpAddr) -> bool {
+            match canonical(ip) {
+                IpAddr::V4(v4) => {
+                    allow.contains(&IpAddr::V4(v4))
+                        || (allow.prefix_len() >= 96
+                            && allow.contains(&IpAddr::V6(v4.to_ipv6_mapped())))
+                }
+                v6 => allow.contains(&v6),
+            }
+        }
+
+        /// A guard with one allow-list CIDR (a blocked range or part of one, any range, or an
+        /// IPv4 range in IPv4-mapped spelling) admits exactly the addresses it holds, in either
+        /// spelling, and judges every other address as the guard without an allow list does.
+        fn allow_lists(u: &mut Unstructured<'_>) -> arbitrary::Result<()> {
+            let allow: IpNet = match u.int_in_range(0..=3)? {
+                0 => {
+                    let range = *u.choose(BLOCKED_NETS.as_slice())?;
+                    let prefix = u.int_in_range(range.prefix_len()..=range.max_prefix_len())?;
+                    IpNet::new(inside(u, range)?, prefix).expect("prefix")
+                }
+                1 => IpNet::new(IpAddr::V4(v4(u)?), u.int_in_range(0..=32)?).expect("prefix"),
+                2 => IpNet::new(address(u)?, 0).expect("prefix"),
+                _ => {
+                    let carried = v4(u)?;
+                    let prefix = u.int_in_range(96..=128)?;
+                    IpNet::new(IpAddr::V6(carried.to_ipv6_mapped()), prefix).expect("prefix")
+                }
+            };
+            let allow = if u.arbitrary()? {
+                allow
+            } else {
+                // The same range written with host bits (`10.1.2.3/8`).
+                IpNet::new(inside(u, allow)?, allow.prefix_len()).expect("prefix")
+            };
+            let guard = SsrfGuard::new(&[allow.to_string()]).expect("a valid CIDR");
+            let ip = if u.arbitrary()? {
+                let ip = inside(u, allow.trunc())?;
+                match (u.arbitrary()?, ip) {
+                    (true, IpAddr::V4(v4)) => IpAddr::V6(v4.to_ipv6_mapped()),
+                    (true, IpAddr::V6(v6)) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
+                    _ => ip,
+                }
+            } else {
+                address(u)?
+            };
+            let result = guard.check_ip(ip);
+            if allow_holds(allow, ip) {
+                assert_eq!(result, Ok(()), "{ip} is in the allowed {allow}");
+            } else {
+                assert_eq!(
+                    result,
+                    NO_ALLOW.check_ip(ip),
+                    "{ip} is not in the allowed {allow}"
+                );
+            }
+            Ok(())
+        }
+
+        /// Any allow-list text: the guard is built exactly when every entry is a CIDR, and then
+        /// admits whatever one of them holds.
+        fn arbitrary_allow_lists(u: &mut Unstructured<'_>) -> arbitrary::Result<()> {
+            const ODD: &[&str] = &[
+                "localhost",
+                "10.0.0.0",
+                "10.0.0.0/33",
+                "::/129",
+                " 10.0.0.0/8",
+                "10.0.0.0/08",
+                "10.0.0.0/-1",
+                "::ffff:127.0.0.1/128",
+                "0.0.0.0/0",
+                "::/0",
+                "[::1]/128",
+                "127.1/8",
+                "",
+            ];
+            let mut texts = Vec::new();
+            for _ in 0..u.int_in_range(0..=3)? {
+                texts.push(match u.int_in_range(0..=2)? {
+                    0 => u.choose(ODD)?.to_string(),
+                    1 => u.arbitrary()?,
+                    _ => format!("{}/{}", address(u)?, u.int_in_range(0..=130)?),
+                });
+            }
+            let nets: Result<Vec<IpNet>, _> = texts.iter().map(|t| t.parse::<IpNet>()).collect();
+            match (SsrfGuard::new(&texts), nets) {
+                (Ok(guard), Ok(nets)) => {
+                    let ip = address(u)?;
+                    let result = guard.check_ip(ip);
+                    if nets.iter().any(|n| allow_holds(*n, ip)) {
+                        assert_eq!(result, Ok(()), "{ip} is in {nets:?}");
+                    } else {
+                        assert_eq!(result, NO_ALLOW.check_ip(ip), "{ip} is not in {nets:?}");
+                    }
+                }
+                (Err(e), Err(_)) => assert!(e.contains("allow CIDR"), "{e}"),
+                (guard, nets) => panic!("{texts:?}: guard {guard:?}, CIDRs {nets:?}"),
+            }
+            Ok(())
+        }
     }
 }

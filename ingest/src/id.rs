@@ -84,4 +84,199 @@ mod tests {
         assert!(check_key("é").is_err());
         assert!(check_key("a\tb").is_err());
     }
+
+    /// Property tests ("fuzzing on stable") of the ids derived from idempotency keys, for
+    /// `HOOKLINE_TEST_FUZZ_MS` ms (default 1500); a failure prints arbtest's seed and how to
+    /// replay it (`HOOKLINE_TEST_FUZZ_SEED`).
+    mod fuzz {
+        use std::collections::HashMap;
+        use std::time::Instant;
+
+        use arbtest::arbitrary::{self, Unstructured};
+        use hookline_common::config::InputConfig;
+        use hookline_common::envelope::Validator;
+
+        use super::super::*;
+
+        type Property = fn(&mut Unstructured<'_>) -> arbitrary::Result<()>;
+
+        /// Runs `properties` (one drawn per case) for `HOOKLINE_TEST_FUZZ_MS` ms, or the single
+        /// case of `HOOKLINE_TEST_FUZZ_SEED` (shrunk first with `HOOKLINE_TEST_FUZZ_MINIMIZE=1`).
+        fn fuzz(size_max: u32, properties: &[(&str, Property)]) {
+            let test = std::thread::current()
+                .name()
+                .unwrap_or("<test name>")
+                .to_string();
+            let env_u64 = |name: &str| -> Option<u64> {
+                let text = std::env::var(name).ok()?;
+                let parsed = match text.strip_prefix("0x") {
+                    Some(hex) => u64::from_str_radix(hex, 16),
+                    None => text.parse(),
+                };
+                Some(parsed.unwrap_or_else(|_| panic!("{name}={text} is not a number")))
+            };
+            let budget_ms = env_u64("HOOKLINE_TEST_FUZZ_MS").unwrap_or(1500);
+            let mut cases = vec![0u64; properties.len()];
+            let start = Instant::now();
+            {
+                let _hint = ReplayHint { test: &test };
+                let run = arbtest::arbtest(|u| {
+                    let i = u.choose_index(properties.len())?;
+                    cases[i] += 1;
+                    (properties[i].1)(u)
+                })
+                .size_max(size_max)
+                .budget_ms(budget_ms);
+                match env_u64("HOOKLINE_TEST_FUZZ_SEED") {
+                    None => run.run(),
+                    Some(seed) if std::env::var_os("HOOKLINE_TEST_FUZZ_MINIMIZE").is_some() => {
+                        run.seed(seed).minimize().run()
+                    }
+                    Some(seed) => run.seed(seed).run(),
+                }
+            }
+            let elapsed = start.elapsed();
+            let total: u64 = cases.iter().sum();
+            let per: Vec<String> = properties
+                .iter()
+                .zip(&cases)
+                .map(|((name, _), n)| format!("{name}: {n}"))
+                .collect();
+            eprintln!(
+                "{test}: {total} cases in {elapsed:.1?} ({:.0}/s); {}",
+                total as f64 / elapsed.as_secs_f64().max(1e-9),
+                per.join(", ")
+            );
+        }
+
+        /// Prints, under arbtest's "Seed: 0x…" of a failing case, the command that replays it.
+        struct ReplayHint<'a> {
+            test: &'a str,
+        }
+
+        impl Drop for ReplayHint<'_> {
+            fn drop(&mut self) {
+                if std::thread::panicking() {
+                    eprintln!(
+                        "replay this case: HOOKLINE_TEST_FUZZ_SEED=<the seed above> cargo test -p {} \
+                         --lib -- --exact {}\n(add HOOKLINE_TEST_FUZZ_MINIMIZE=1 to shrink it first; \
+                         HOOKLINE_TEST_FUZZ_MS bounds the shrinking time)",
+                        env!("CARGO_PKG_NAME"),
+                        self.test
+                    );
+                }
+            }
+        }
+
+        #[test]
+        fn fuzz_idempotency_key_ids() {
+            fuzz(
+                4096,
+                &[
+                    ("the key rule", key_rule),
+                    ("one id per (tenant, key)", ids),
+                    ("distinct inputs, distinct ids", distinct),
+                ],
+            );
+        }
+
+        /// The `Idempotency-Key` rule, written independently: 1..=255 bytes of printable ASCII
+        /// (space included).
+        fn key_obeys_rule(key: &str) -> bool {
+            (1..=255).contains(&key.len()) && key.bytes().all(|b| (0x20..=0x7e).contains(&b))
+        }
+
+        /// Keys around the rule's edges (lengths 0, 1, 254..=256; tab, DEL, NUL, non-ASCII) are
+        /// accepted exactly when they obey it.
+        fn key_rule(u: &mut Unstructured<'_>) -> arbitrary::Result<()> {
+            let len = if u.arbitrary()? {
+                *u.choose(&[0usize, 1, 2, 254, 255, 256])?
+            } else {
+                u.int_in_range(0..=300)?
+            };
+            let mut key = String::new();
+            while key.len() < len {
+                key.push(if u.ratio(1, 60)? {
+                    *u.choose(&['\t', '\n', '\0', '\x7f', 'é', '\u{a0}', '\u{10ffff}'])?
+                } else {
+                    char::from(u.int_in_range(0x20u8..=0x7e)?)
+                });
+            }
+            assert_eq!(
+                check_key(&key).is_ok(),
+                key_obeys_rule(&key),
+                "{key:?}: {:?}",
+                check_key(&key)
+            );
+            Ok(())
+        }
+
+        fn tenant_and_key(u: &mut Unstructured<'_>) -> arbitrary::Result<(Option<String>, String)> {
+            // Small pools full of the input's separators, so that a plain join would collide.
+            let small = |u: &mut Unstructured<'_>, min: usize| -> arbitrary::Result<String> {
+                let mut s = String::new();
+                for _ in 0..u.int_in_range(min..=5)? {
+                    s.push(*u.choose(&['a', 'b', '1', '2', ':', '|', '-', ' '])?);
+                }
+                Ok(s)
+            };
+            let tenant = match u.int_in_range(0..=3)? {
+                0 => None,
+                1 => Some(u.arbitrary()?),
+                _ => Some(small(u, 0)?),
+            };
+            let key = if u.arbitrary()? {
+                u.arbitrary()?
+            } else {
+                small(u, 1)?
+            };
+            Ok((tenant, key))
+        }
+
+        fn validator() -> Validator {
+            let input = InputConfig {
+                max_payload_bytes: 1 << 16,
+                max_key_bytes: 1024,
+            };
+            Validator::new(&input, &[])
+        }
+
+        /// An id is `evt_` and 32 lowercase hex digits, the same for the same (tenant, key), and
+        /// an envelope id the validator accepts as it is; so is a random id.
+        fn ids(u: &mut Unstructured<'_>) -> arbitrary::Result<()> {
+            let (tenant, key) = tenant_and_key(u)?;
+            let id = from_key(tenant.as_deref(), &key);
+            assert_eq!(id, from_key(tenant.as_deref(), &key), "not deterministic");
+            for id in [id, random()] {
+                let hex = id.strip_prefix("evt_").unwrap_or_else(|| panic!("{id}"));
+                assert!(
+                    hex.len() == 32
+                        && hex
+                            .bytes()
+                            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)),
+                    "{id}"
+                );
+                let event = format!(r#"{{"id":"{id}","type":"t"}}"#);
+                let valid = validator()
+                    .validate(Some(event.as_bytes()))
+                    .unwrap_or_else(|e| panic!("{id}: {e:?}"));
+                assert_eq!(valid.id, id);
+            }
+            Ok(())
+        }
+
+        /// A batch of (tenant, key) pairs: two ids are equal exactly when the pairs are.
+        fn distinct(u: &mut Unstructured<'_>) -> arbitrary::Result<()> {
+            let mut seen: HashMap<String, (Option<String>, String)> = HashMap::new();
+            for _ in 0..u.int_in_range(2..=64)? {
+                let pair = tenant_and_key(u)?;
+                let id = from_key(pair.0.as_deref(), &pair.1);
+                if let Some(earlier) = seen.get(&id) {
+                    assert_eq!(earlier, &pair, "{id} for two inputs");
+                }
+                seen.insert(id, pair);
+            }
+            Ok(())
+        }
+    }
 }
