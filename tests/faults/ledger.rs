@@ -145,21 +145,12 @@ pub fn settle(
     }
 
     // No dedupe key dispatched twice; every one dispatched.
-    let dispatch = harness::read_until(
+    let dispatch = harness::read_all_quiet(
         &format!("{prefix}.dispatch"),
+        ids.len(),
         Duration::from_secs(60),
-        |rs| rs.len() >= ids.len(),
-    );
-    let more = harness::read_until(
-        &format!("{prefix}.dispatch"),
         Duration::from_secs(3),
-        |_| false,
     );
-    let dispatch = if more.len() > dispatch.len() {
-        more
-    } else {
-        dispatch
-    };
     let mut by_key: HashMap<String, usize> = HashMap::new();
     let mut dispatched_ids = BTreeSet::new();
     for m in &dispatch {

@@ -89,6 +89,11 @@ fn intended_override(key: &str) -> Option<String> {
     })
 }
 
+/// Most levels an environment override may address (`HOOKLINE_KAFKA__OPTIONS__SASL_PASSWORD` is
+/// 3; no configuration key is deeper). Each level becomes a nested table, built and dropped by
+/// recursion: a 60 KB variable of `__A` repeated overflowed the stack and aborted the process.
+const MAX_OVERRIDE_LEVELS: usize = 8;
+
 pub(super) fn apply_env_override(
     root: &mut toml::Table,
     key: &str,
@@ -112,6 +117,19 @@ pub(super) fn apply_env_override(
         return Err(ConfigError::field(
             key,
             "environment override has an empty path segment",
+        ));
+    }
+    if path.len() > MAX_OVERRIDE_LEVELS {
+        let shown: String = key.chars().take(100).collect();
+        return Err(ConfigError::field(
+            if shown.len() < key.len() {
+                format!("{shown}…")
+            } else {
+                shown
+            },
+            format!(
+                "environment override has more than {MAX_OVERRIDE_LEVELS} levels; no configuration key is that deep"
+            ),
         ));
     }
     let is_kafka_option = path.len() == 3 && path[0] == "kafka" && path[1] == "options";

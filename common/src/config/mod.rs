@@ -35,11 +35,6 @@ pub use sections::{
     MAX_KEY_LIMIT, MAX_PAYLOAD_LIMIT,
 };
 
-/// Most levels an environment override may address (`HOOKLINE_KAFKA__OPTIONS__SASL_PASSWORD` is
-/// 3; no configuration key is deeper). Each level becomes a nested table, built and dropped by
-/// recursion: a 60 KB variable of `__A` repeated overflowed the stack and aborted the process.
-const MAX_OVERRIDE_LEVELS: usize = 8;
-
 /// A configuration problem, always naming the offending field.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -134,15 +129,6 @@ impl Config {
             .partition(|(k, _)| env::is_kubernetes_service_link(k));
         overrides.sort();
         for (key, value) in overrides {
-            if key.matches("__").count() >= MAX_OVERRIDE_LEVELS {
-                let shown: String = key.chars().take(100).collect();
-                return Err(ConfigError::field(
-                    if shown.len() < key.len() { format!("{shown}…") } else { shown },
-                    format!(
-                        "environment override has more than {MAX_OVERRIDE_LEVELS} levels; no configuration key is that deep"
-                    ),
-                ));
-            }
             env::apply_env_override(&mut root, &key, &value)?;
         }
         service_links.sort();
