@@ -549,6 +549,30 @@ pub fn retry_transient<T>(
     }
 }
 
+/// The context of readers that stop at the end of a partition (`enable.partition.eof`):
+/// librdkafka also reports every end reached as a client error — as `PartitionEOF` or as a
+/// `Global` error with that code, which the default context logs at ERROR on every restore or
+/// read. This one drops those and logs the other client errors as warnings, naming the reader.
+pub struct EofQuietContext(pub &'static str);
+
+/// Is this librdkafka's "end of partition reached" (in either of its shapes)?
+pub fn is_partition_eof(error: &KafkaError) -> bool {
+    matches!(
+        error,
+        KafkaError::PartitionEOF(_) | KafkaError::Global(RDKafkaErrorCode::PartitionEOF)
+    )
+}
+
+impl ClientContext for EofQuietContext {
+    fn error(&self, error: KafkaError, reason: &str) {
+        if !is_partition_eof(&error) {
+            tracing::warn!(error = %error, reason, reader = self.0, "kafka client error");
+        }
+    }
+}
+
+impl ConsumerContext for EofQuietContext {}
+
 /// The consumer context of a stage that has no rebalance logic of its own: it reports the
 /// group's assignment to the stage's readiness. Ready once the group has given this member its
 /// assignment (an empty one included: a standby member of a group with more members than

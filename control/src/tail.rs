@@ -12,7 +12,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context as _;
-use rdkafka::client::ClientContext;
 use rdkafka::consumer::{Consumer, ConsumerContext, StreamConsumer};
 use rdkafka::error::KafkaError;
 use rdkafka::message::OwnedMessage;
@@ -20,7 +19,7 @@ use rdkafka::{Offset, TopicPartitionList};
 use tokio::sync::watch;
 
 use hookline_common::config::Config;
-use hookline_common::kafka::{base_config, retry_transient};
+use hookline_common::kafka::{base_config, retry_transient, EofQuietContext};
 
 const TIMEOUT: Duration = Duration::from_secs(10);
 /// How often an idle tail refreshes its positions (they move past transaction markers).
@@ -57,21 +56,9 @@ impl Source {
     }
 }
 
-struct QuietContext;
-
-impl ClientContext for QuietContext {
-    fn error(&self, error: KafkaError, reason: &str) {
-        if !matches!(error, KafkaError::PartitionEOF(_)) {
-            tracing::warn!(error = %error, reason, "kafka client error (control-plane reader)");
-        }
-    }
-}
-
-impl ConsumerContext for QuietContext {}
-
 /// A reader of some topics from given starts.
 pub struct Tail {
-    consumer: Arc<StreamConsumer<QuietContext>>,
+    consumer: Arc<StreamConsumer<EofQuietContext>>,
     positions: watch::Sender<Positions>,
 }
 
@@ -84,14 +71,14 @@ impl Tail {
         topics: &[Source],
     ) -> anyhow::Result<(Tail, Positions)> {
         // librdkafka wants a group id even for `assign`; this one never joins and never commits.
-        let consumer: StreamConsumer<QuietContext> = base_config(config)
+        let consumer: StreamConsumer<EofQuietContext> = base_config(config)
             .set("group.id", config.group_id(&format!("control.{name}")))
             .set("enable.auto.commit", "false")
             .set("enable.auto.offset.store", "false")
             .set("isolation.level", "read_committed")
             .set("auto.offset.reset", "earliest")
             .set("fetch.wait.max.ms", "20")
-            .create_with_context(QuietContext)
+            .create_with_context(EofQuietContext("control-plane reader"))
             .with_context(|| format!("creating the {name} reader"))?;
         let consumer = Arc::new(consumer);
         let (tpl, starts, ends) = {
@@ -222,7 +209,7 @@ fn watermarks<C: ConsumerContext>(
 
 /// The assignment, the start positions and the ends.
 fn plan(
-    consumer: &StreamConsumer<QuietContext>,
+    consumer: &StreamConsumer<EofQuietContext>,
     topics: &[Source],
 ) -> anyhow::Result<(TopicPartitionList, Positions, Positions)> {
     let base = consumer.client();

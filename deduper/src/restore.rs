@@ -13,7 +13,7 @@ use rdkafka::message::Message;
 use rdkafka::{Offset, TopicPartitionList};
 
 use hookline_common::config::Config;
-use hookline_common::kafka::{base_config, retry_transient};
+use hookline_common::kafka::{base_config, retry_transient, EofQuietContext};
 use hookline_common::topics::Topics;
 
 use crate::dedupe::{unix_secs, STAGE};
@@ -52,7 +52,9 @@ pub(crate) fn restore(
         .set("fetch.max.bytes", "67108864")
         .set("queued.min.messages", "1000000")
         .set("auto.offset.reset", "earliest");
-    let consumer: BaseConsumer = c.create().context("creating the restore consumer")?;
+    let consumer: BaseConsumer<EofQuietContext> = c
+        .create_with_context(EofQuietContext("dedupe restore"))
+        .context("creating the restore consumer")?;
 
     let mut input = TopicPartitionList::new();
     input.add_partition(&topics.dedupe(), partition);

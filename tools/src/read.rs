@@ -8,14 +8,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{bail, Context as _};
-use rdkafka::client::ClientContext;
-use rdkafka::consumer::{Consumer, ConsumerContext, StreamConsumer};
+use rdkafka::consumer::{Consumer, StreamConsumer};
 use rdkafka::error::KafkaError;
 use rdkafka::message::{Message, OwnedMessage};
 use rdkafka::{Offset, TopicPartitionList};
 
 use hookline_common::config::Config;
-use hookline_common::kafka::base_config;
+use hookline_common::kafka::{base_config, EofQuietContext};
 
 /// How long reading may go without a record or an end-of-partition before it gives up.
 const IDLE_LIMIT: Duration = Duration::from_secs(30);
@@ -34,21 +33,10 @@ pub(crate) struct Range {
 
 /// Reaching the end of a partition is how a bounded read ends, not an error: librdkafka reports
 /// the ends still queued when the reader closes as global errors, which are not logged.
-struct ReaderContext;
-
-impl ClientContext for ReaderContext {
-    fn error(&self, error: KafkaError, reason: &str) {
-        if !matches!(error, KafkaError::PartitionEOF(_)) {
-            tracing::warn!(error = %error, reason, "kafka client error");
-        }
-    }
-}
-
-impl ConsumerContext for ReaderContext {}
 
 /// A bounded read of one topic.
 pub(crate) struct TopicReader {
-    consumer: Arc<StreamConsumer<ReaderContext>>,
+    consumer: Arc<StreamConsumer<EofQuietContext>>,
     topic: String,
     /// Exclusive end per partition: the high watermark at start, or `to_offset + 1`.
     ends: HashMap<i32, i64>,
@@ -61,14 +49,14 @@ impl TopicReader {
     pub(crate) async fn open(config: &Config, topic: &str, range: &Range) -> anyhow::Result<Self> {
         // librdkafka wants a group id even for `assign`; this one never joins (no subscribe) and
         // never commits.
-        let consumer: StreamConsumer<ReaderContext> = base_config(config)
+        let consumer: StreamConsumer<EofQuietContext> = base_config(config)
             .set("group.id", config.group_id("reader"))
             .set("enable.auto.commit", "false")
             .set("enable.auto.offset.store", "false")
             .set("enable.partition.eof", "true")
             .set("isolation.level", "read_committed")
             .set("auto.offset.reset", "earliest")
-            .create_with_context(ReaderContext)
+            .create_with_context(EofQuietContext("topic reader"))
             .with_context(|| format!("creating a reader of {topic}"))?;
         let consumer = Arc::new(consumer);
         let plan = {
@@ -133,7 +121,7 @@ impl TopicReader {
 
 /// (partition, first offset, exclusive end) of every partition with something to read.
 fn read_plan(
-    consumer: &StreamConsumer<ReaderContext>,
+    consumer: &StreamConsumer<EofQuietContext>,
     topic: &str,
     range: &Range,
 ) -> anyhow::Result<Vec<(i32, i64, i64)>> {
