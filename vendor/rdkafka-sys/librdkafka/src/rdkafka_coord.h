@@ -79,15 +79,16 @@ typedef struct rd_kafka_coord_req_s {
         rd_kafka_coordtype_t creq_coordtype;         /**< Coordinator type */
         char *creq_coordkey;                         /**< Coordinator key */
 
-        rd_kafka_op_t *creq_rko;        /**< Requester's rko that is
-                                         *   provided to creq_send_req_cb
-                                         *   (optional). */
-        rd_kafka_timer_t creq_tmr;      /**< Delay timer. */
-        rd_ts_t creq_ts_timeout;        /**< Absolute timeout.
-                                         *   Will fail with an error
-                                         *   code pertaining to the
-                                         *   current state */
-        rd_interval_t creq_query_intvl; /**< Coord query interval (1s) */
+        rd_kafka_op_t *creq_rko;           /**< Requester's rko that is
+                                            *   provided to creq_send_req_cb
+                                            *   (optional). */
+        rd_kafka_timer_t creq_tmr;         /**< Delay timer. */
+        rd_kafka_timer_t creq_timeout_tmr; /**< Timeout timer. */
+        rd_ts_t creq_ts_timeout;           /**< Absolute timeout.
+                                            *   Will fail with an error
+                                            *   code pertaining to the
+                                            *   current state */
+        rd_interval_t creq_query_intvl;    /**< Coord query interval (1s) */
 
         rd_kafka_send_req_cb_t *creq_send_req_cb; /**< Sender callback */
 
