@@ -134,7 +134,7 @@ impl Validator {
                 ),
             ));
         }
-        let value: Value = serde_json::from_slice(bytes).map_err(|e| {
+        let value = parse_plain(bytes).map_err(|e| {
             invalid(
                 InvalidReason::NotJson,
                 format!(
@@ -368,6 +368,89 @@ fn classify(e: &serde_json::Error) -> &'static str {
     }
 }
 
+/// Parses JSON the way every other JSON parser does. The workspace enables serde_json's
+/// `raw_value` feature (for the dedupe-key pointers), and with it `serde_json::Value` reads an
+/// object whose first key is serde_json's private raw-value token as the JSON text in that
+/// key's string: `{"$serde_json::private::RawValue":"{\"id\":\"x\",…}"}` would become an event
+/// with an id that no receiver's parser sees (found by the hostile-input fault test). This
+/// visitor builds the same `Value` with every object key a plain key. serde_json's recursion
+/// limit (128) still applies; duplicate keys keep the last value, as `Value` does.
+pub fn parse_plain(bytes: &[u8]) -> Result<Value, serde_json::Error> {
+    use serde::de::DeserializeSeed as _;
+    let mut de = serde_json::Deserializer::from_slice(bytes);
+    let value = PlainValue.deserialize(&mut de)?;
+    de.end()?;
+    Ok(value)
+}
+
+#[derive(Clone, Copy)]
+struct PlainValue;
+
+impl<'de> serde::de::DeserializeSeed<'de> for PlainValue {
+    type Value = Value;
+
+    fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<Value, D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de> serde::de::Visitor<'de> for PlainValue {
+    type Value = Value;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("any JSON value")
+    }
+
+    fn visit_bool<E>(self, v: bool) -> Result<Value, E> {
+        Ok(Value::Bool(v))
+    }
+
+    fn visit_i64<E>(self, v: i64) -> Result<Value, E> {
+        Ok(Value::Number(v.into()))
+    }
+
+    fn visit_u64<E>(self, v: u64) -> Result<Value, E> {
+        Ok(Value::Number(v.into()))
+    }
+
+    fn visit_f64<E>(self, v: f64) -> Result<Value, E> {
+        Ok(serde_json::Number::from_f64(v).map_or(Value::Null, Value::Number))
+    }
+
+    fn visit_str<E>(self, v: &str) -> Result<Value, E> {
+        Ok(Value::String(v.to_owned()))
+    }
+
+    fn visit_string<E>(self, v: String) -> Result<Value, E> {
+        Ok(Value::String(v))
+    }
+
+    fn visit_unit<E>(self) -> Result<Value, E> {
+        Ok(Value::Null)
+    }
+
+    fn visit_none<E>(self) -> Result<Value, E> {
+        Ok(Value::Null)
+    }
+
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Value, A::Error> {
+        let mut items = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(1024));
+        while let Some(item) = seq.next_element_seed(PlainValue)? {
+            items.push(item);
+        }
+        Ok(Value::Array(items))
+    }
+
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Value, A::Error> {
+        let mut object = serde_json::Map::new();
+        while let Some(key) = map.next_key::<String>()? {
+            let value = map.next_value_seed(PlainValue)?;
+            object.insert(key, value);
+        }
+        Ok(Value::Object(object))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -446,6 +529,30 @@ mod tests {
             reason(br#"{"id":"e1","type":"call.started","data":{"callId":"c","event":{}}}"#),
             MissingDedupeField
         );
+    }
+
+    #[test]
+    fn serde_json_raw_value_token_is_a_plain_key() {
+        use InvalidReason::*;
+        // serde_json::Value (raw_value feature) would read these as the JSON text in the string.
+        let wrapped = br#"{"$serde_json::private::RawValue":"{\"id\":\"x\",\"type\":\"a\"}"}"#;
+        assert_eq!(reason(wrapped), MissingId);
+        let escaped = br#"{"\u0024serde_json::private::RawValue":"{\"id\":\"x\",\"type\":\"a\"}"}"#;
+        assert_eq!(reason(escaped), MissingId);
+        let id = br#"{"id":{"$serde_json::private::RawValue":"\"x\""},"type":"a"}"#;
+        assert_eq!(reason(id), BadId);
+        let ty = br#"{"id":"x","type":{"$serde_json::private::RawValue":"\"a\""}}"#;
+        assert_eq!(reason(ty), BadType);
+        let tenant =
+            br#"{"id":"x","type":"a","tenant":{"$serde_json::private::RawValue":"\"t\""}}"#;
+        assert_eq!(reason(tenant), BadTenant);
+        // The plain parser agrees with serde_json on ordinary JSON.
+        let text = br#"{"a":[1,-2,3.5,true,null,"s",{"b":{}}],"a":1e3,"c":18446744073709551615}"#;
+        assert_eq!(
+            parse_plain(text).expect("json"),
+            serde_json::from_slice::<Value>(text).expect("json")
+        );
+        assert!(parse_plain(b"{} x").is_err());
     }
 
     #[test]

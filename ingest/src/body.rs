@@ -37,7 +37,9 @@ pub struct BadBody {
 
 /// Parses `body` enough to know whether it carries `id` and `tenant`.
 pub fn shape(body: &[u8]) -> Result<Shape, BadBody> {
-    let value: Value = serde_json::from_slice(body).map_err(|e| BadBody {
+    // The envelope parser's reading (serde_json's raw-value token is a plain key), so ingest and
+    // stage A agree on what the body holds.
+    let value = hookline_common::envelope::parse_plain(body).map_err(|e| BadBody {
         field: "body".into(),
         message: format!("the body is not JSON: {e} (send a JSON object with `type` and `data`)"),
         too_large: false,
