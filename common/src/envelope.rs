@@ -45,10 +45,15 @@ pub enum InvalidReason {
     /// `max.message.bytes` on its way, or Kafka refused it as too large. Quarantined with
     /// bounded prefixes and the original sizes (see `quarantine.rs`).
     RecordTooLarge,
+    /// The record's headers cannot travel through the pipeline: more than stage A's limit on
+    /// their number (`MAX_HEADERS` in `deduper/src/headers.rs`, 1,000), a header name that is not
+    /// UTF-8, or headers librdkafka cannot parse (more than 100,000, or malformed). Decided
+    /// before anything else; quarantined with key and value whole and none of its headers.
+    BadHeaders,
 }
 
 impl InvalidReason {
-    pub const ALL: [InvalidReason; 10] = [
+    pub const ALL: [InvalidReason; 11] = [
         InvalidReason::PayloadTooLarge,
         InvalidReason::NotJson,
         InvalidReason::NotObject,
@@ -59,6 +64,7 @@ impl InvalidReason {
         InvalidReason::BadTenant,
         InvalidReason::MissingDedupeField,
         InvalidReason::RecordTooLarge,
+        InvalidReason::BadHeaders,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -73,6 +79,7 @@ impl InvalidReason {
             InvalidReason::BadTenant => "bad_tenant",
             InvalidReason::MissingDedupeField => "missing_dedupe_field",
             InvalidReason::RecordTooLarge => "record_too_large",
+            InvalidReason::BadHeaders => "bad_headers",
         }
     }
 }

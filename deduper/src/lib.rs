@@ -2,7 +2,8 @@
 //! dedupe key per window.
 //!
 //! - [`validate`] (stage A): validate, quarantine bad input to `<p>.invalid`, re-partition valid
-//!   events by our hash of the dedupe key onto `<p>.dedupe`.
+//!   events by our hash of the dedupe key onto `<p>.dedupe`; [`headers`]: its reading of a
+//!   record's headers (at most [`headers::MAX_HEADERS`], UTF-8 names, parseable).
 //! - [`dedupe`] (stage B): per-partition 24h seen-set, exactly-once forwarding of first
 //!   sightings to `<p>.dispatch`, changelog `<p>.dedupe-state`, restore on assignment.
 //! - `rebalance`: stage B's rebalance callbacks (commit before a revoke, restore on assign).
@@ -12,6 +13,7 @@
 //! - [`metrics`]: counters of both stages.
 
 pub mod dedupe;
+pub mod headers;
 pub mod metrics;
 mod rebalance;
 mod restore;

@@ -1,6 +1,11 @@
 //! Stage A: consume `<p>.events`, validate each record, and either forward it to `<p>.dedupe` on
 //! the partition owned by its dedupe key, or quarantine it on `<p>.invalid` with the reason.
 //!
+//! Headers first: before anything else a record's headers are read through the librdkafka C API
+//! (`crate::headers`); more than `MAX_HEADERS` (1,000), a name that is not UTF-8, or headers
+//! librdkafka cannot parse → quarantined as `bad_headers` with key and value whole and none of
+//! its headers (so the copy can never hit librdkafka's 100,000-header limit).
+//!
 //! At-least-once: a record's offset is stored only after its output is acknowledged by Kafka,
 //! in the order records were received (so the stored offset is always a contiguous prefix).
 //! A crash re-sends at most the unacknowledged tail; stage B collapses those copies.
@@ -19,13 +24,13 @@ use anyhow::{bail, Context as _};
 use futures::stream::FuturesOrdered;
 use futures::StreamExt;
 use rdkafka::consumer::{CommitMode, Consumer, StreamConsumer};
-use rdkafka::message::{Headers, Message};
+use rdkafka::message::{Header, Message};
 use rdkafka::producer::{FutureProducer, Producer};
 use rdkafka::util::Timeout;
 use rdkafka::TopicPartitionList;
 
 use hookline_common::config::Config;
-use hookline_common::envelope::{Invalid, Validator};
+use hookline_common::envelope::{Invalid, InvalidReason, Validator};
 use hookline_common::event_headers::EventHeaders;
 use hookline_common::kafka::{pipeline_consumer_config, producer_config, AssignmentProbe};
 use hookline_common::keyhash::{key_hash, partition_for};
@@ -36,6 +41,7 @@ use hookline_common::recordsize::{self, Limits};
 use hookline_common::shutdown::Shutdown;
 use hookline_common::topics::Topics;
 
+use crate::headers;
 use crate::metrics::ValidateMetrics;
 
 /// Records forwarded but not yet acknowledged, across all partitions, before reading pauses.
@@ -139,28 +145,39 @@ pub async fn run(
                     }
                 };
                 let (partition, offset) = (msg.partition(), msg.offset());
-                // Producers cannot spoof our metadata headers.
-                let carried: Vec<(String, Option<Vec<u8>>)> = msg
-                    .headers()
-                    .map(|src| {
-                        src.iter()
-                            .filter(|hd| !hd.key.starts_with("hookline-"))
-                            .map(|hd| (hd.key.to_string(), hd.value.map(<[u8]>::to_vec)))
-                            .collect()
-                    })
-                    .unwrap_or_default();
-                let carried_bytes = recordsize::headers_bytes(
-                    carried.iter().map(|(k, v)| (k.as_str(), v.as_ref().map_or(0, Vec::len))),
-                );
                 let source = Source { topic: &events_topic, partition, offset };
-                let admitted = recordsize::admit(
-                    msg.key().map_or(0, <[u8]>::len),
-                    msg.payload().map_or(0, <[u8]>::len),
-                    carried_bytes,
-                    config.input.max_key_bytes,
-                    limits.min_limit(downstream.iter().map(String::as_str)),
-                );
-                let record = match admitted.and_then(|()| validator.validate(msg.payload())) {
+                // The headers first: read through the C API, never trusted (see `headers`).
+                let (carried, verdict, dropped_headers) = match headers::read(&msg) {
+                    Ok(all) => {
+                        // Producers cannot spoof our metadata headers.
+                        let carried: Vec<(String, Option<Vec<u8>>)> = all
+                            .into_iter()
+                            .filter(|(k, _)| !k.starts_with("hookline-"))
+                            .collect();
+                        let carried_bytes = recordsize::headers_bytes(
+                            carried
+                                .iter()
+                                .map(|(k, v)| (k.as_str(), v.as_ref().map_or(0, Vec::len))),
+                        );
+                        let admitted = recordsize::admit(
+                            msg.key().map_or(0, <[u8]>::len),
+                            msg.payload().map_or(0, <[u8]>::len),
+                            carried_bytes,
+                            config.input.max_key_bytes,
+                            limits.min_limit(downstream.iter().map(String::as_str)),
+                        );
+                        let verdict = admitted.and_then(|()| validator.validate(msg.payload()));
+                        (carried, verdict, None)
+                    }
+                    Err(bad) => {
+                        let why = Invalid {
+                            reason: InvalidReason::BadHeaders,
+                            detail: bad.detail,
+                        };
+                        (Vec::new(), Err(why), bad.bytes)
+                    }
+                };
+                let record = match verdict {
                     Ok(ev) => {
                         metrics.emit_valid();
                         let partition_out = partition_for(key_hash(&ev.dedupe_key), partitions);
@@ -185,7 +202,8 @@ pub async fn run(
                     }
                     Err(why) => {
                         metrics.emit_invalid(partition, offset, &why);
-                        quarantine_record(&invalid_topic, &msg, &carried, &why, source, &limits)
+                        let copy = Kept { carried: &carried, dropped_headers };
+                        quarantine_record(&invalid_topic, &msg, copy, &why, source, &limits)
                     }
                 };
                 let first = produce::enqueue(&producer, &record).await;
@@ -222,12 +240,21 @@ pub async fn run(
     Ok(())
 }
 
+/// What the quarantine copy of an input keeps of its headers.
+struct Kept<'a> {
+    /// The input's own headers (none for `bad_headers`).
+    carried: &'a [(String, Option<Vec<u8>>)],
+    /// `bad_headers`: the bytes of the original headers, all dropped, when librdkafka could read
+    /// them (`hookline-original-headers-bytes` of the whole copy).
+    dropped_headers: Option<usize>,
+}
+
 /// The quarantine record of an input: whole with the reason, or, when the input is too large
 /// to be written whole, the bounded `record_too_large` record.
 fn quarantine_record<M: Message>(
     invalid_topic: &str,
     msg: &M,
-    carried: &[(String, Option<Vec<u8>>)],
+    copy: Kept<'_>,
     why: &Invalid,
     source: Source<'_>,
     limits: &Limits,
@@ -238,14 +265,14 @@ fn quarantine_record<M: Message>(
             invalid_topic,
             msg.key(),
             msg.payload(),
-            carried,
+            copy.carried,
             &why.detail,
             source,
             limit,
         )
     };
     // Never copy a record known to be too large (it may be many megabytes).
-    if why.reason == hookline_common::envelope::InvalidReason::RecordTooLarge {
+    if why.reason == InvalidReason::RecordTooLarge {
         return bounded();
     }
     let quarantine = Quarantine {
@@ -253,7 +280,13 @@ fn quarantine_record<M: Message>(
         detail: &why.detail,
         source,
     };
-    let whole = quarantine.whole(invalid_topic, msg.key(), msg.payload(), carried);
+    let mut whole = quarantine.whole(invalid_topic, msg.key(), msg.payload(), copy.carried);
+    if let Some(bytes) = copy.dropped_headers {
+        whole.headers = whole.headers.insert(Header {
+            key: hookline_common::headers::ORIGINAL_HEADERS_BYTES,
+            value: Some(bytes.to_string().as_bytes()),
+        });
+    }
     if whole.size() > limit {
         return bounded();
     }
@@ -313,7 +346,7 @@ impl Fallback {
             offset,
         };
         let why = Invalid {
-            reason: hookline_common::envelope::InvalidReason::RecordTooLarge,
+            reason: InvalidReason::RecordTooLarge,
             detail: format!(
                 "kafka refused the record ({} bytes) for {}: {refused}",
                 record.size(),

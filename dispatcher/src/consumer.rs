@@ -3,8 +3,9 @@
 //! store offsets only for the contiguous prefix of events that are completely done.
 //!
 //! Flow of one record:
-//! 1. the consumer loop reads it, checks the envelope headers the deduper wrote, picks the
-//!    matching endpoints ([`Endpoints::matching`]) and spawns one task per endpoint;
+//! 1. the consumer loop reads it, checks the envelope headers the deduper wrote (a record
+//!    without them is parked on `<p>.invalid` as `bad_delivery_record`, never skipped silently),
+//!    picks the matching endpoints ([`Endpoints::matching`]) and spawns one task per endpoint;
 //! 2. each task makes attempt 1 through the shared delivery path ([`DeliveryPath::attempt`]); a
 //!    failure becomes a delivery record on the first tier (or `<p>.dlq` for a single-attempt
 //!    schedule) and the task waits for Kafka's acknowledgement. When the endpoint is saturated
@@ -57,7 +58,7 @@ use std::time::Duration;
 use anyhow::{bail, Context as _};
 use bytes::Bytes;
 use rdkafka::consumer::{Consumer, StreamConsumer};
-use rdkafka::message::{BorrowedMessage, Message, OwnedMessage};
+use rdkafka::message::{BorrowedMessage, Headers, Message, OwnedMessage};
 use rdkafka::producer::{FutureProducer, Producer};
 use rdkafka::util::Timeout;
 use tokio::sync::{mpsc, watch};
@@ -68,7 +69,8 @@ use hookline_common::config::Config;
 use hookline_common::event_headers::EventHeaders;
 use hookline_common::kafka::{pipeline_consumer_config, producer_config};
 use hookline_common::ops::StageProbe;
-use hookline_common::produce::ProduceErrors;
+use hookline_common::produce::{OwnedRecord, ProduceErrors};
+use hookline_common::quarantine::{Quarantine, Source};
 use hookline_common::rebalance::{self, Rebalanced};
 use hookline_common::shutdown::Shutdown;
 use hookline_common::topics::Topics;
@@ -83,6 +85,10 @@ use crate::window::Begin;
 
 /// The consumer group of the dispatcher (`<group_prefix>.dispatcher`) and its readiness name.
 pub const STAGE: &str = "dispatcher";
+
+/// `hookline-invalid-reason` of a dispatch record that cannot be delivered (no event headers, no
+/// value): the retry tiers' reason for a record whose delivery headers cannot be read.
+pub const BAD_DELIVERY_RECORD: &str = "bad_delivery_record";
 
 /// After the shutdown grace, how long interrupted deliveries get to be acknowledged on their
 /// retry tier before the process gives up on them (their events are then re-sent by the next
@@ -419,6 +425,35 @@ impl Record for OwnedMessage {
 }
 
 impl Dispatcher {
+    /// A dispatch record without the event headers (or value) as parked on `<p>.invalid`:
+    /// whole, with the headers rust-rdkafka can read and the quarantine headers
+    /// (`bad_delivery_record`, the problem, the source position).
+    fn quarantined<M: Record>(&self, msg: &M, problem: &str) -> OwnedRecord {
+        let headers: Vec<(String, Option<Vec<u8>>)> = msg
+            .headers()
+            .map(|hs| {
+                hs.iter()
+                    .map(|hd| (hd.key.to_string(), hd.value.map(<[u8]>::to_vec)))
+                    .collect()
+            })
+            .unwrap_or_default();
+        let quarantine = Quarantine {
+            reason: BAD_DELIVERY_RECORD,
+            detail: problem,
+            source: Source {
+                topic: &self.partitions.topic,
+                partition: msg.partition(),
+                offset: msg.offset(),
+            },
+        };
+        quarantine.whole(
+            &self.path.topics().invalid(),
+            msg.key(),
+            msg.payload(),
+            &headers,
+        )
+    }
+
     /// A record is held for a full partition: stop reading for a moment (room usually appears
     /// within milliseconds; see `FULL_STALL`), or pause the partition at once when it already
     /// held up reading for its `STALL_BUDGET` and other partitions may be waiting behind it.
@@ -437,7 +472,8 @@ impl Dispatcher {
         }
     }
 
-    /// Takes one record: completes it at once (malformed, no endpoint) or spawns its deliveries;
+    /// Takes one record: completes it at once (no endpoint), spawns its quarantine (malformed:
+    /// completed once parked on `<p>.invalid`) or spawns its deliveries;
     /// or, when its partition's window is full, holds it and returns the partition (the loop
     /// stops reading). Never awaits, so every record the loop received is accounted for when the
     /// loop stops (a held record was not begun: its offset is never stored).
@@ -455,18 +491,20 @@ impl Dispatcher {
             }
         };
         let envelope = match (EventHeaders::from_message(msg), msg.payload()) {
-            (Ok(envelope), Some(_)) => envelope,
-            (Err(problem), _) => {
+            (Ok(envelope), Some(_)) => Ok(envelope),
+            (Err(problem), _) => Err(problem),
+            (Ok(_), None) => Err("the record has no value"),
+        };
+        let envelope = match envelope {
+            Ok(envelope) => envelope,
+            // Parked on `<p>.invalid`, completed once Kafka acknowledged it (see `park`).
+            Err(problem) => {
                 self.metrics.emit_malformed(partition, offset, problem);
-                self.partitions
-                    .complete(&self.consumer, partition, generation, offset);
-                return None;
-            }
-            (Ok(_), None) => {
-                self.metrics
-                    .emit_malformed(partition, offset, "the record has no value");
-                self.partitions
-                    .complete(&self.consumer, partition, generation, offset);
+                let record = self.quarantined(msg, problem);
+                tasks.spawn(
+                    self.clone()
+                        .park(record, problem, partition, offset, generation),
+                );
                 return None;
             }
         };

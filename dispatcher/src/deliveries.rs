@@ -1,7 +1,7 @@
 //! One (event, endpoint) delivery of the dispatcher: attempt 1 (or its deferral) and the hand-off
 //! of a failure through the shared delivery path ([`DeliveryPath::attempt`](hookline_delivery::DeliveryPath::attempt)),
 //! counted and logged where it went; the last delivery of an event to finish completes its
-//! offset.
+//! offset. Also the quarantine of a record that cannot be delivered ([`Dispatcher::park`]).
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -15,6 +15,7 @@ use hookline_common::clock::now_ms;
 use hookline_common::config::EndpointConfig;
 use hookline_common::delivery::DeliveryMeta;
 use hookline_common::ownership::Claim;
+use hookline_common::produce::OwnedRecord;
 use hookline_common::quarantine::Source;
 use hookline_delivery::{Delivery, Hop, HopError, Next, Origin, Report, Turn, Why, Written};
 
@@ -115,6 +116,49 @@ impl Dispatcher {
                 event.generation,
                 event.offset,
             );
+        }
+    }
+
+    /// Parks a dispatch record that cannot be delivered (`record`, see `Dispatcher::quarantined`)
+    /// on `<p>.invalid` through the partition's ownership gate, and completes it once Kafka
+    /// acknowledged the copy (or refused even its bounded form: logged, dropped). Like a
+    /// delivery: revoked → left to the new owner; abandoned at shutdown → never completed.
+    pub(crate) async fn park(
+        self: Arc<Self>,
+        record: OwnedRecord,
+        problem: &'static str,
+        partition: i32,
+        offset: i64,
+        generation: u64,
+    ) {
+        let claim = Claim {
+            ownership: &self.partitions.ownership,
+            partition,
+            generation,
+        };
+        let source = Source {
+            topic: &self.partitions.topic,
+            partition,
+            offset,
+        };
+        match self
+            .path
+            .writer()
+            .park(&claim, record, problem, source)
+            .await
+        {
+            Ok(()) => self
+                .partitions
+                .complete(&self.consumer, partition, generation, offset),
+            Err(HopError::Revoked(_)) => {}
+            Err(HopError::Abandoned(topic)) => {
+                warn!(partition, offset, topic, "quarantine abandoned at shutdown")
+            }
+            Err(e @ HopError::Fatal { .. }) => {
+                let _ = self.fatal.send(anyhow!(
+                    "the quarantine of dispatch {partition}@{offset} failed: {e}"
+                ));
+            }
         }
     }
 

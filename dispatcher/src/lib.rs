@@ -4,7 +4,8 @@
 //! - [`consumer`]: the stage loop — consume `<p>.dispatch`, fan out, first attempts through the
 //!   shared delivery path (`hookline-delivery`), flow control of full partitions, graceful drain.
 //! - `deliveries`: one (event, endpoint) delivery — attempt 1 and its hand-off through the
-//!   delivery path, counted where it went, the event completed by its last delivery.
+//!   delivery path, counted where it went, the event completed by its last delivery; the
+//!   quarantine of a record without the event headers (`bad_delivery_record`).
 //! - `window`: the per-partition window and the owned partitions' state machine (begun events,
 //!   held records, pauses), pure logic with unit tests.
 //! - `partitions`: that state shared by the loop, the delivery tasks and the callbacks, applied

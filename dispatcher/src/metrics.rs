@@ -123,14 +123,17 @@ impl ConsumerMetrics {
         self.events.with_label_values(&["no_endpoint"]).inc();
     }
 
-    /// A record without the envelope headers the deduper writes: a bug upstream. It is completed
-    /// (never retried forever) and left on the topic for inspection.
+    /// A record without the envelope headers the deduper writes (or without a value): a bug
+    /// upstream, or a record not written by the deduper. It is parked on `<p>.invalid` as
+    /// `bad_delivery_record` and completed once Kafka acknowledged the copy (never retried
+    /// forever, never lost silently).
     pub(crate) fn emit_malformed(&self, partition: i32, offset: i64, problem: &str) {
         tracing::error!(
             partition,
             offset,
             problem,
-            "malformed dispatch record skipped (written by something other than the deduper?)"
+            "malformed dispatch record quarantined to the invalid topic as bad_delivery_record \
+             (written by something other than the deduper?)"
         );
         self.events.with_label_values(&["malformed"]).inc();
     }

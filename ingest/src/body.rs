@@ -111,7 +111,10 @@ fn named(invalid: Invalid) -> BadBody {
             .nth(1)
             .unwrap_or("data")
             .to_string(),
-        R::PayloadTooLarge | R::RecordTooLarge | R::NotJson | R::NotObject => "body".to_string(),
+        // `BadHeaders` is stage A's verdict on Kafka headers; the body check never gives it.
+        R::PayloadTooLarge | R::RecordTooLarge | R::NotJson | R::NotObject | R::BadHeaders => {
+            "body".to_string()
+        }
     };
     BadBody {
         field,

@@ -185,7 +185,7 @@ async fn each_event_reaches_each_matching_endpoint_once_signed_and_byte_identica
     let config = test_config(&prefix, &extra);
     apply_topics(&config).await;
     let p = producer();
-    // A record without the envelope headers first: counted, skipped, never blocking the rest.
+    // A record without the envelope headers first: counted, quarantined, never blocking the rest.
     produce(
         &p,
         &format!("{prefix}.dispatch"),
@@ -251,6 +251,19 @@ async fn each_event_reaches_each_matching_endpoint_once_signed_and_byte_identica
     }
     assert_eq!(events_counter(&running, "fanned_out"), 8.0);
     assert_eq!(events_counter(&running, "malformed"), 1.0);
+    // The malformed record is parked on `<p>.invalid`, never lost silently.
+    let parked = read_until(&format!("{prefix}.invalid"), WAIT, |r| !r.is_empty());
+    assert_eq!(parked.len(), 1, "the malformed record quarantined");
+    let m = &parked[0];
+    assert_eq!(header(m, h::INVALID_REASON), Some("bad_delivery_record"));
+    assert_eq!(
+        header(m, h::INVALID_DETAIL),
+        Some("missing hookline-event-id header")
+    );
+    let dispatch = format!("{prefix}.dispatch");
+    assert_eq!(header(m, h::SOURCE_TOPIC), Some(dispatch.as_str()));
+    assert_eq!(header(m, h::SOURCE_PARTITION), Some("0"));
+    assert_eq!(m.payload(), Some(&b"{}"[..]), "value whole");
     running.stop().await.expect("clean stop");
 }
 

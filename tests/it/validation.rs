@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use rdkafka::message::Message;
+use rdkafka::message::{Headers, Message};
 
 use hookline_common::headers as h;
 use hookline_common::keyhash::{key_hash, partition_for};
@@ -156,4 +156,169 @@ async fn stage_refuses_to_start_without_topics() {
     let running = start_deduper(&config);
     let err = running.stop().await.expect_err("must fail without topics");
     assert!(err.to_string().contains("topics apply"), "{err:#}");
+}
+
+/// A header as bytes: name, value.
+type RawHeader<'a> = (&'a [u8], &'a [u8]);
+
+/// Produces one record to partition 0 whose headers are added with librdkafka's C API
+/// (`rd_kafka_header_add`): names are raw bytes, as any producer outside Rust may write them
+/// (`Header::key` is a `&str`).
+async fn produce_raw_headers(
+    p: &rdkafka::producer::FutureProducer,
+    topic: &str,
+    key: &[u8],
+    value: &[u8],
+    headers: &[RawHeader<'_>],
+) {
+    use rdkafka::bindings as rdsys;
+    let owned = rdkafka::message::OwnedHeaders::new_with_capacity(headers.len());
+    // `as_borrowed` is the librdkafka headers list `owned` owns, cast; librdkafka copies the name
+    // and the value.
+    let raw = owned.as_borrowed() as *const rdkafka::message::BorrowedHeaders
+        as *mut rdsys::rd_kafka_headers_t;
+    for (name, value) in headers {
+        let err = unsafe {
+            rdsys::rd_kafka_header_add(
+                raw,
+                name.as_ptr().cast(),
+                name.len() as isize,
+                value.as_ptr().cast(),
+                value.len() as isize,
+            )
+        };
+        assert_eq!(err, rdsys::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR);
+    }
+    let rec = rdkafka::producer::FutureRecord::to(topic)
+        .partition(0)
+        .key(key)
+        .payload(value)
+        .headers(owned);
+    p.send(rec, Duration::from_secs(30))
+        .await
+        .map_err(|(e, _)| e)
+        .expect("produce");
+}
+
+/// Found by the hostile-input fault test (F2, F3): a header name that is not UTF-8 crashed stage A
+/// (rust-rdkafka's `to_str().unwrap()`), a poison pill on every restart; a record with more
+/// headers than librdkafka parses (100,000) read as having none, and an admitted event near that
+/// limit reached the dispatcher without its event headers and was skipped. Now each such record is
+/// quarantined as `bad_headers` (key and value whole, none of its headers), a record at the limit
+/// of 1,000 flows with all of them, and the events behind them are dispatched.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_headers_are_quarantined_and_the_stage_goes_on() {
+    require_kafka();
+    let prefix = unique_prefix("badheaders");
+    let config = test_config(&prefix, "");
+    apply_topics(&config).await;
+    let events = format!("{prefix}.events");
+    let p = producer();
+    let ev = |id: &str| format!(r#"{{"id":"{id}","type":"message.created","data":{{}}}}"#);
+    let many = |n: usize| -> Vec<RawHeader<'static>> { vec![(b"h", b"v"); n] };
+    let name: Vec<RawHeader<'_>> = vec![(b"x-trace", b"t1"), (b"x-\xff\xfe", b"v"), (b"ok", b"1")];
+
+    // All on partition 0, in this order: the good ones sit behind the bad ones.
+    let bad: [(&str, Vec<RawHeader>, &str); 3] = [
+        (
+            "evt-bad-name",
+            name,
+            r#"header 2 of 3: its name is not UTF-8 ("x-\xff\xfe")"#,
+        ),
+        (
+            "evt-1001",
+            many(1_001),
+            "1,001 headers, over the limit of 1,000",
+        ),
+        (
+            "evt-100001",
+            many(100_001),
+            "librdkafka cannot parse the headers",
+        ),
+    ];
+    for (id, headers, _) in &bad {
+        let key = format!("k-{id}");
+        produce_raw_headers(&p, &events, key.as_bytes(), ev(id).as_bytes(), headers).await;
+    }
+    produce_raw_headers(
+        &p,
+        &events,
+        b"k-1000",
+        ev("evt-1000").as_bytes(),
+        &many(1_000),
+    )
+    .await;
+    produce(
+        &p,
+        &events,
+        Some(0),
+        Some(b"k-after"),
+        Some(ev("evt-after").as_bytes()),
+        &[],
+    )
+    .await;
+
+    let running = start_deduper(&config);
+    let invalid = read_until(&format!("{prefix}.invalid"), Duration::from_secs(60), |r| {
+        r.len() >= bad.len()
+    });
+    let dispatch = read_until(
+        &format!("{prefix}.dispatch"),
+        Duration::from_secs(60),
+        |r| r.len() >= 2,
+    );
+
+    assert_eq!(invalid.len(), bad.len(), "one quarantine copy each");
+    for (id, headers, detail) in &bad {
+        let m = invalid
+            .iter()
+            .find(|m| m.key() == Some(format!("k-{id}").as_bytes()))
+            .unwrap_or_else(|| panic!("{id} quarantined"));
+        assert_eq!(header(m, h::INVALID_REASON), Some("bad_headers"), "{id}");
+        let got = header(m, h::INVALID_DETAIL).expect("detail");
+        assert!(got.starts_with(detail), "{id}: {got}");
+        assert_eq!(m.payload(), Some(ev(id).as_bytes()), "value whole");
+        let names: Vec<String> = headers_map(m).into_keys().collect();
+        assert!(
+            names.iter().all(|n| n.starts_with("hookline-")),
+            "{id}: none of the original headers: {names:?}"
+        );
+        // The bytes of the dropped headers, when librdkafka could read them.
+        let bytes: usize = headers.iter().map(|(n, v)| n.len() + v.len() + 10).sum();
+        let want = (*id != "evt-100001").then(|| bytes.to_string());
+        assert_eq!(
+            header(m, h::ORIGINAL_HEADERS_BYTES).map(str::to_string),
+            want,
+            "{id}"
+        );
+        assert_eq!(header(m, h::SOURCE_TOPIC), Some(events.as_str()));
+    }
+
+    let mut ids: Vec<&str> = dispatch
+        .iter()
+        .map(|m| header(m, h::EVENT_ID).expect("event id"))
+        .collect();
+    ids.sort();
+    assert_eq!(ids, ["evt-1000", "evt-after"], "the stage went on");
+    let at_limit = dispatch
+        .iter()
+        .find(|m| header(m, h::EVENT_ID) == Some("evt-1000"))
+        .expect("evt-1000");
+    let carried = at_limit
+        .headers()
+        .map_or(0, |hs| hs.iter().filter(|hd| hd.key == "h").count());
+    assert_eq!(
+        carried, 1_000,
+        "a record at the limit keeps all its headers"
+    );
+
+    assert_eq!(
+        counter(
+            &running.registry,
+            "hookline_deduper_invalid_events_total",
+            Some(("reason", "bad_headers"))
+        ),
+        3.0
+    );
+    running.stop().await.expect("clean stop");
 }

@@ -31,10 +31,8 @@ pub(crate) struct Range {
     pub(crate) to_offset: Option<i64>,
 }
 
-/// Reaching the end of a partition is how a bounded read ends, not an error: librdkafka reports
-/// the ends still queued when the reader closes as global errors, which are not logged.
-
-/// A bounded read of one topic.
+/// A bounded read of one topic (reaching a partition's end is how it ends, not an error:
+/// `EofQuietContext` keeps those ends out of the log).
 pub(crate) struct TopicReader {
     consumer: Arc<StreamConsumer<EofQuietContext>>,
     topic: String,

@@ -280,8 +280,13 @@ impl Headers for BorrowedHeaders {
             None
         } else {
             unsafe {
+                // hookline patch: a header name is bytes on the wire and need not be UTF-8. The
+                // upstream `to_str().unwrap()` panicked on such a name (a poison pill for any
+                // consumer that iterates headers); a name that is not UTF-8 reads as "\u{FFFD}".
+                // See PATCHED.md.
+                let name = CStr::from_ptr(name_ptr).to_bytes();
                 Some(Header {
-                    key: CStr::from_ptr(name_ptr).to_str().unwrap(),
+                    key: std::str::from_utf8(name).unwrap_or("\u{FFFD}"),
                     value: (!value_ptr.is_null())
                         .then(|| util::ptr_to_slice(value_ptr, value_size)),
                 })
