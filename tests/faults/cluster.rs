@@ -78,3 +78,58 @@ pub fn roles(n: usize, prefix: &str, txn_id: &str) -> String {
         format!(" ({})", led.join(", "))
     }
 }
+
+/// The fault proxies the cluster expects, one per node: (port a proxy listens on, the node's
+/// PROXIED port it forwards to); see "Fault proxy" in the script's header.
+pub fn proxy_map() -> Vec<(u16, u16)> {
+    run(&["proxy-map"])
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| {
+            let ports: Vec<u16> = l
+                .split_whitespace()
+                .map(|p| {
+                    p.parse()
+                        .unwrap_or_else(|e| panic!("proxy-map line {l:?}: {e}"))
+                })
+                .collect();
+            assert_eq!(ports.len(), 2, "proxy-map line {l:?}: two ports");
+            (ports[0], ports[1])
+        })
+        .collect()
+}
+
+/// The bootstrap servers through the fault proxies (127.0.0.1:29092,…).
+pub fn proxy_bootstrap() -> String {
+    run(&["proxy-bootstrap"]).trim().to_owned()
+}
+
+/// Whether node `n` runs.
+pub fn running(n: usize) -> bool {
+    Command::new(script())
+        .args(["pid", &n.to_string()])
+        .output()
+        .is_ok_and(|o| o.status.success())
+}
+
+/// Node `n`'s log dir (also its KRaft metadata log).
+pub fn data_dir(n: usize) -> std::path::PathBuf {
+    run(&["data-dir", &n.to_string()]).trim().into()
+}
+
+/// Puts node `n`'s log dir on a tmpfs of `size` (e.g. "600m"), restarting the node.
+pub fn small_disk(n: usize, size: &str) {
+    run(&["small-disk", &n.to_string(), size]);
+}
+
+/// The node leading partition `partition` of `topic`, if it has a leader.
+pub fn leader(topic: &str, partition: i32) -> Option<usize> {
+    let out = Command::new(script())
+        .args(["leader", topic, &partition.to_string()])
+        .output()
+        .ok()?;
+    if !out.status.success() {
+        return None;
+    }
+    String::from_utf8_lossy(&out.stdout).trim().parse().ok()
+}
