@@ -15,7 +15,7 @@ use crate::stream::Stream;
 const LIBFAKETIME: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1";
 const RATE: f64 = 80.0;
 /// The schedule's gaps between attempts, in seconds (scenario::SCHEDULE).
-const GAPS: [f64; 6] = [1.0, 1.0, 1.0, 2.0, 3.0, 5.0];
+const GAPS: [f64; 6] = [1.0; 6];
 
 /// A stage process whose wall clock the test sets.
 struct Faked {
@@ -61,9 +61,9 @@ fn clock_jumps_neither_lose_nor_repeat_a_retry() {
         .into_iter()
         .map(|s| Faked::spawn(&sc.config, s))
         .collect();
-    // Each process: +1h for 6 s, -1h for 6 s, then its own clock again for 2 s.
-    let secs = 4.0 + procs.len() as f64 * 14.0 + 4.0;
-    let stream = Stream::mixed(&sc.prefix, (RATE * secs) as usize, 30);
+    // Each process: +1h for 5 s, -1h for 5 s, then its own clock again for 1 s.
+    let secs = 4.0 + procs.len() as f64 * 11.0 + 2.0;
+    let stream = Stream::for_secs(&sc.prefix, secs, RATE, 30);
     let (ids, invalid) = (stream.ids.clone(), stream.invalid);
     let producing = stream.start(&sc.prefix, RATE);
     let watch_all = |procs: &mut Vec<Faked>, what: &str, secs: f64| {
@@ -73,7 +73,7 @@ fn clock_jumps_neither_lose_nor_repeat_a_retry() {
     watch_all(&mut procs, "the stream's start", 4.0);
     for i in 0..procs.len() {
         let name = procs[i].proc.name.clone();
-        for (offset, secs) in [("+1h", 6.0), ("-1h", 6.0), ("+0", 2.0)] {
+        for (offset, secs) in [("+1h", 5.0), ("-1h", 5.0), ("+0", 1.0)] {
             procs[i].set(offset);
             sc.say(&format!("{name}'s clock set to {offset}"));
             watch_all(&mut procs, &format!("{name}'s clock at {offset}"), secs);

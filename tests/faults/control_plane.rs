@@ -731,7 +731,7 @@ fn control_plane_leader_killed_while_endpoints_change() {
         }),
     };
 
-    let unique = env_or("HOOKLINE_TEST_FAULT_EVENTS", 2400usize);
+    let unique = env_or("HOOKLINE_TEST_FAULT_EVENTS", 1800usize);
     let rate = env_or("HOOKLINE_TEST_FAULT_RATE", 80.0f64);
     let stream = Stream::mixed(&sc.prefix, unique, 30);
     let (ids, invalid) = (stream.ids.clone(), stream.invalid);

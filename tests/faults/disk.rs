@@ -70,7 +70,7 @@ fn a_full_broker_disk_loses_nothing() {
         t.elapsed().as_secs_f64()
     ));
     let mut hookline = Hookline::all(&sc.config);
-    let stream = Stream::mixed(&sc.prefix, (RATE * 30.0) as usize, 30);
+    let stream = Stream::for_secs(&sc.prefix, 30.0, RATE, 30);
     let (ids, invalid) = (stream.ids.clone(), stream.invalid);
     let producing = stream.start(&sc.prefix, RATE);
     watch(&mut [&mut hookline], "the stream's start", 6.0);

@@ -12,7 +12,7 @@ use crate::harness;
 use crate::receiver::{Behavior, Receiver};
 use crate::scenario::Scenario;
 
-/// How long a round may take to settle after its stream ends: the last retry is 32 s after the
+/// How long a round may take to settle after its stream ends: the last retry is 6 s after the
 /// first attempt, plus the time a restarted broker's partitions take to catch up.
 const SETTLE: Duration = Duration::from_secs(150);
 /// Duplicate POSTs allowed in a round without a process exit: at-least-once means a redelivery

@@ -43,9 +43,9 @@ fn a_process_cut_off_from_the_brokers_rejoins_by_itself() {
     );
     let rate: f64 = env_or("HOOKLINE_TEST_FAULT_RATE", 80.0);
     let mut hookline = Hookline::all(&sc.config);
-    // The faults take 40 s; the stream (unique events plus every third re-sent) runs ~60 s, so
+    // The faults take 40 s; the stream (unique events plus every third re-sent) runs ~45 s, so
     // the process also has to catch up under load after the last one.
-    let stream = Stream::mixed(&sc.prefix, (rate * 45.0) as usize, 30);
+    let stream = Stream::for_secs(&sc.prefix, 45.0, rate, 30);
     let (ids, invalid) = (stream.ids.clone(), stream.invalid);
     sc.say(&format!(
         "hookline run all through the proxies ({}); {} events ({} records) at {rate}/s",

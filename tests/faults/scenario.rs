@@ -8,8 +8,9 @@ use crate::harness;
 use crate::procs::hookline_command;
 use crate::receiver::{Behavior, Receiver};
 
-/// Seven attempts, compressed into seconds (the spec's shape: at once, then six tiers).
-pub const SCHEDULE: &str = r#"["0s", "1s", "2s", "3s", "5s", "8s", "13s"]"#;
+/// Seven attempts, compressed into seconds (the spec's shape: at once, then six tiers, a
+/// second apart: a round settles ~6 s after its stream).
+pub const SCHEDULE: &str = r#"["0s", "1s", "2s", "3s", "4s", "5s", "6s"]"#;
 
 /// Knobs of a scenario's config file.
 #[derive(Default)]

@@ -132,8 +132,8 @@ fn stage_kills_at_random_moments_lose_nothing() {
     }
     // Kills every ~3 s (one stage at a time, in turn), plus the scaling steps: the stream covers
     // them all.
-    let secs = 8.0 + kills as f64 * 3.0 * 3.0 + 10.0;
-    let stream = Stream::mixed(&sc.prefix, (RATE * secs) as usize, 30);
+    let secs = 8.0 + kills as f64 * 3.0 * 3.0 + 4.0;
+    let stream = Stream::for_secs(&sc.prefix, secs, RATE, 30);
     let (ids, invalid) = (stream.ids.clone(), stream.invalid);
     sc.say(&format!(
         "{} events at {RATE}/s; {kills} kills per stage",
@@ -208,7 +208,7 @@ fn sigterm_of_each_stage_sends_nothing_twice() {
     for name in ["deduper", "dispatcher-1", "dispatcher-2", "retry-tiers-1"] {
         procs.start(name);
     }
-    let stream = Stream::mixed(&sc.prefix, (RATE * 40.0) as usize, 30);
+    let stream = Stream::for_secs(&sc.prefix, 26.0, RATE, 30);
     let (ids, invalid) = (stream.ids.clone(), stream.invalid);
     let producing = stream.start(&sc.prefix, RATE);
     procs.watch("the stream's start", 4.0);

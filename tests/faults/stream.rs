@@ -62,6 +62,15 @@ impl Stream {
         }
     }
 
+    /// The mixed stream that lasts about `secs` seconds at `rate` records per second (each unique
+    /// event brings a third of a re-send, plus the `invalid` ones): a scenario's stream should
+    /// end with its faults, not long after them.
+    pub fn for_secs(prefix: &str, secs: f64, rate: f64, invalid: usize) -> Stream {
+        let records = (secs * rate) as usize;
+        let unique = (records.saturating_sub(invalid) as f64 * 3.0 / 4.0) as usize;
+        Stream::mixed(prefix, unique.max(invalid), invalid)
+    }
+
     /// Spreads `extra` records (all of which must be quarantined) evenly through the stream.
     pub fn interleave_invalid(&mut self, extra: Vec<Rec>) {
         if extra.is_empty() {
