@@ -133,3 +133,10 @@ pub fn leader(topic: &str, partition: i32) -> Option<usize> {
     }
     String::from_utf8_lossy(&out.stdout).trim().parse().ok()
 }
+
+/// Controlled shutdown (SIGTERM) of node `n`: its partitions' leadership moves first.
+pub fn stop_node(n: usize) -> f64 {
+    let t = Instant::now();
+    run(&["stop-node", &n.to_string()]);
+    t.elapsed().as_secs_f64()
+}

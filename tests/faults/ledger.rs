@@ -119,18 +119,64 @@ fn duplicates_when(sc: &Scenario) -> String {
     out.join(", ")
 }
 
-/// Dead letters per (endpoint, event id).
-fn dead_letters(prefix: &str) -> HashMap<(String, String), usize> {
-    let mut dead = HashMap::new();
-    for m in harness::read_until(&format!("{prefix}.dlq"), Duration::from_secs(3), |_| false) {
-        if let (Some(e), Some(id)) = (
-            harness::header(&m, "hookline-endpoint-id"),
-            harness::header(&m, "hookline-event-id"),
-        ) {
-            *dead.entry((e.to_owned(), id.to_owned())).or_insert(0) += 1;
+/// The dead letters of a round, read by one consumer assigned to every partition of
+/// `<p>.dlq` from the start (read_committed) and drained on each look: a look costs milliseconds,
+/// not a new consumer's start.
+struct DeadLetters {
+    consumer: rdkafka::consumer::BaseConsumer,
+    /// Per (endpoint, event id).
+    seen: HashMap<(String, String), usize>,
+}
+
+impl DeadLetters {
+    fn open(prefix: &str) -> DeadLetters {
+        use rdkafka::consumer::Consumer as _;
+        let topic = format!("{prefix}.dlq");
+        let consumer: rdkafka::consumer::BaseConsumer = rdkafka::ClientConfig::new()
+            .set("bootstrap.servers", harness::bootstrap())
+            .set("group.id", format!("ledger-{prefix}"))
+            .set("enable.auto.commit", "false")
+            .set("isolation.level", "read_committed")
+            .create()
+            .expect("dead-letter reader");
+        let md = consumer
+            .fetch_metadata(Some(&topic), Duration::from_secs(30))
+            .expect("metadata of the dead-letter topic");
+        let mut tpl = rdkafka::TopicPartitionList::new();
+        for t in md.topics() {
+            for p in t.partitions() {
+                tpl.add_partition_offset(&topic, p.id(), rdkafka::Offset::Beginning)
+                    .expect("assignment");
+            }
+        }
+        consumer.assign(&tpl).expect("assign the dead-letter topic");
+        DeadLetters {
+            consumer,
+            seen: HashMap::new(),
         }
     }
-    dead
+
+    /// Reads what arrived since the last look (until 300 ms pass without a record).
+    fn look(&mut self) -> &HashMap<(String, String), usize> {
+        let mut quiet_since = Instant::now();
+        while quiet_since.elapsed() < Duration::from_millis(300) {
+            match self.consumer.poll(Duration::from_millis(50)) {
+                Some(Ok(m)) => {
+                    quiet_since = Instant::now();
+                    let m = m.detach();
+                    if let (Some(e), Some(id)) = (
+                        harness::header(&m, "hookline-endpoint-id"),
+                        harness::header(&m, "hookline-event-id"),
+                    ) {
+                        *self.seen.entry((e.to_owned(), id.to_owned())).or_insert(0) += 1;
+                    }
+                }
+                Some(Err(e)) => panic!("reading the dead-letter topic: {e}"),
+                None => {}
+            }
+        }
+        &self.seen
+    }
 }
 
 /// Waits until the round settles, then checks every line of the ledger. `alive` is called on
@@ -145,6 +191,7 @@ pub fn settle(
 ) -> Summary {
     let (prefix, rx, flaky_script) = (sc.prefix.as_str(), &sc.rx, sc.flaky.as_slice());
     let start = Instant::now();
+    let mut dead_letters = DeadLetters::open(prefix);
     let scripts = [None, Some(flaky_script)];
     let (ok, _) = loop {
         alive();
@@ -164,7 +211,7 @@ pub fn settle(
         let dead = if missing.is_empty() {
             HashMap::new()
         } else {
-            dead_letters(prefix)
+            dead_letters.look().clone()
         };
         let lost: Vec<_> = missing
             .iter()
@@ -179,12 +226,14 @@ pub fn settle(
             lost.len(),
             &lost[..lost.len().min(5)]
         );
-        std::thread::sleep(Duration::from_secs(1));
+        std::thread::sleep(Duration::from_millis(300));
     };
     let settle_secs = start.elapsed().as_secs_f64();
     // Read the dead letters whole (the loop above skips them once nothing is missing): a dead
     // letter for a pair that also got a 200 is a forked retry chain (docs/reliability.md).
-    let dead = dead_letters(prefix);
+    // A dead letter of a forked chain can trail its branch's 200: one more second of looking.
+    std::thread::sleep(Duration::from_secs(1));
+    let dead = dead_letters.look().clone();
     let dead_and_delivered = dead
         .keys()
         .filter(|(e, id)| {
