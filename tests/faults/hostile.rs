@@ -36,12 +36,10 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::{Duration, Instant};
 
 use rdkafka::config::ClientConfig;
-use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::KafkaError;
 use rdkafka::message::{Header, Headers, Message, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::types::RDKafkaErrorCode;
-use rdkafka::TopicPartitionList;
 
 use hookline_common::config::InputConfig;
 use hookline_common::envelope::{MAX_ID_BYTES, MAX_NAME_BYTES};
@@ -1276,24 +1274,7 @@ fn first_arrivals(rx: &Receiver, path: &str) -> HashMap<String, i64> {
 /// The produce time (the record's CreateTime, Unix ms) of every record on `topic` keyed by one
 /// of `keys`, read without keeping the records (the topic holds the multi-MB ones).
 fn produce_times(topic: &str, keys: &BTreeSet<String>) -> HashMap<String, i64> {
-    let consumer: BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", harness::bootstrap())
-        .set("group.id", harness::unique_prefix("hostile-times"))
-        .set("enable.auto.commit", "false")
-        .set("queued.max.messages.kbytes", "16384")
-        .create()
-        .expect("events reader");
-    let md = consumer
-        .fetch_metadata(Some(topic), Duration::from_secs(10))
-        .expect("metadata");
-    let mut tpl = TopicPartitionList::new();
-    for t in md.topics() {
-        for p in t.partitions() {
-            tpl.add_partition_offset(topic, p.id(), rdkafka::Offset::Beginning)
-                .expect("tpl");
-        }
-    }
-    consumer.assign(&tpl).expect("assign");
+    let consumer = harness::reader_from_start(topic);
     let start = Instant::now();
     let mut out = HashMap::new();
     while out.len() < keys.len() && start.elapsed() < Duration::from_secs(120) {

@@ -131,28 +131,8 @@ struct DeadLetters {
 
 impl DeadLetters {
     fn open(prefix: &str) -> DeadLetters {
-        use rdkafka::consumer::Consumer as _;
-        let topic = format!("{prefix}.dlq");
-        let consumer: rdkafka::consumer::BaseConsumer = rdkafka::ClientConfig::new()
-            .set("bootstrap.servers", harness::bootstrap())
-            .set("group.id", format!("ledger-{prefix}"))
-            .set("enable.auto.commit", "false")
-            .set("isolation.level", "read_committed")
-            .create()
-            .expect("dead-letter reader");
-        let md = consumer
-            .fetch_metadata(Some(&topic), Duration::from_secs(30))
-            .expect("metadata of the dead-letter topic");
-        let mut tpl = rdkafka::TopicPartitionList::new();
-        for t in md.topics() {
-            for p in t.partitions() {
-                tpl.add_partition_offset(&topic, p.id(), rdkafka::Offset::Beginning)
-                    .expect("assignment");
-            }
-        }
-        consumer.assign(&tpl).expect("assign the dead-letter topic");
         DeadLetters {
-            consumer,
+            consumer: harness::reader_from_start(&format!("{prefix}.dlq")),
             seen: HashMap::new(),
         }
     }

@@ -134,23 +134,20 @@ pub async fn produce(
         .expect("produce");
 }
 
-/// Reads `topic` from the beginning (read_committed) until `done(&records)` or the deadline.
-/// Returns what was read; the caller asserts on it.
-pub fn read_until(
-    topic: &str,
-    deadline: Duration,
-    done: impl Fn(&[OwnedMessage]) -> bool,
-) -> Vec<OwnedMessage> {
+/// A read_committed consumer assigned to every partition of `topic` from the beginning (`assign`:
+/// it never joins a group), its prefetch bounded to 16 MiB (topics may hold multi-MB records).
+pub fn reader_from_start(topic: &str) -> BaseConsumer {
     let consumer: BaseConsumer = ClientConfig::new()
         .set("bootstrap.servers", bootstrap())
         .set("group.id", format!("reader-{}", unique_prefix("r")))
         .set("enable.auto.commit", "false")
         .set("isolation.level", "read_committed")
         .set("auto.offset.reset", "earliest")
+        .set("queued.max.messages.kbytes", "16384")
         .create()
         .expect("reader");
     let md = consumer
-        .fetch_metadata(Some(topic), Duration::from_secs(10))
+        .fetch_metadata(Some(topic), Duration::from_secs(30))
         .expect("metadata");
     let mut tpl = TopicPartitionList::new();
     for t in md.topics() {
@@ -160,6 +157,17 @@ pub fn read_until(
         }
     }
     consumer.assign(&tpl).expect("assign");
+    consumer
+}
+
+/// Reads `topic` from the beginning (read_committed) until `done(&records)` or the deadline.
+/// Returns what was read; the caller asserts on it.
+pub fn read_until(
+    topic: &str,
+    deadline: Duration,
+    done: impl Fn(&[OwnedMessage]) -> bool,
+) -> Vec<OwnedMessage> {
+    let consumer = reader_from_start(topic);
     let start = Instant::now();
     let mut out = Vec::new();
     while start.elapsed() < deadline {
