@@ -119,6 +119,70 @@ static void rd_kafka_assignment_dump(rd_kafka_t *rk) {
                                           rk->rk_consumer.assignment.removed);
 }
 
+static void rd_kafka_assignment_requery_tmr_cb(rd_kafka_timers_t *rkts,
+                                               void *arg) {
+        rd_kafka_t *rk = arg;
+        rd_kafka_dbg(rk, CGRP, "OFFSETFETCH",
+                     "Serving the assignment again after an OffsetFetch "
+                     "error (%d partition(s) pending)",
+                     rk->rk_consumer.assignment.pending->cnt);
+        rd_kafka_assignment_serve(rk);
+}
+
+/**
+ * @brief hookline patch (librdkafka#5586): arms a one-shot timer that serves
+ *        the assignment again after retry.backoff.max.ms, so partitions put
+ *        back on .pending after an OffsetFetch error are queried anew even
+ *        when nothing else serves the assignment (the coordinator did not
+ *        change, so the cgrp does not pass through the UP state again).
+ *
+ * Without it, a request-level NOT_COORDINATOR (the group coordinator moved,
+ * e.g. its broker was shut down) left the partitions on .queried forever:
+ * assigned, never fetched, while the consumer stayed in the group.
+ *
+ * @locality rdkafka main thread
+ */
+static void rd_kafka_assignment_requery(rd_kafka_t *rk) {
+        rd_kafka_timer_start_oneshot(
+            &rk->rk_timers, &rk->rk_consumer.assignment.requery_tmr,
+            rd_false /*keep an armed timer*/,
+            (rd_ts_t)rk->rk_conf.retry_backoff_max_ms * 1000,
+            rd_kafka_assignment_requery_tmr_cb, rk);
+}
+
+/**
+ * @brief hookline patch (librdkafka#5586): puts every partition still waiting
+ *        for an OffsetFetch answer that failed at request level (and was not
+ *        retried) back on .pending, to be queried again.
+ *
+ * @locality rdkafka main thread
+ */
+static void rd_kafka_assignment_requery_all(rd_kafka_t *rk,
+                                            rd_kafka_resp_err_t err) {
+        rd_kafka_topic_partition_t *rktpar;
+
+        if (rk->rk_consumer.assignment.queried->cnt == 0)
+                return;
+
+        RD_KAFKA_TPLIST_FOREACH(rktpar, rk->rk_consumer.assignment.queried) {
+                rd_kafka_topic_partition_t *rktpar_copy =
+                    rd_kafka_topic_partition_list_add_copy(
+                        rk->rk_consumer.assignment.pending, rktpar);
+                rktpar_copy->offset = RD_KAFKA_OFFSET_STORED;
+        }
+
+        rd_kafka_dbg(rk, CGRP, "OFFSETFETCH",
+                     "OffsetFetch failed (%s): %d partition(s) back to the "
+                     "pending list, queried again in %dms",
+                     rd_kafka_err2str(err),
+                     rk->rk_consumer.assignment.queried->cnt,
+                     rk->rk_conf.retry_backoff_max_ms);
+
+        rd_kafka_topic_partition_list_clear(rk->rk_consumer.assignment.queried);
+        rd_kafka_assignment_requery(rk);
+}
+
+
 /**
  * @brief Apply the fetched committed offsets to the current assignment's
  *        queried partitions.
@@ -194,6 +258,30 @@ rd_kafka_assignment_apply_offsets(rd_kafka_t *rk,
 
                         rd_kafka_topic_partition_list_add_copy(
                             rk->rk_consumer.assignment.pending, rktpar);
+
+                } else if (rktpar->err == RD_KAFKA_RESP_ERR_NOT_COORDINATOR ||
+                           rktpar->err ==
+                               RD_KAFKA_RESP_ERR_COORDINATOR_NOT_AVAILABLE ||
+                           rktpar->err ==
+                               RD_KAFKA_RESP_ERR_COORDINATOR_LOAD_IN_PROGRESS) {
+                        /* hookline patch (librdkafka#5586): the coordinator
+                         * moved or is loading. Query again once the
+                         * coordinator is known (see
+                         * rd_kafka_assignment_requery()) instead of leaving
+                         * the partition unstarted until it is unassigned. */
+                        rd_kafka_topic_partition_t *rktpar_copy;
+
+                        rd_kafka_dbg(rk, CGRP, "OFFSETFETCH",
+                                     "Adding %s [%" PRId32
+                                     "] back to pending list: %s",
+                                     rktpar->topic, rktpar->partition,
+                                     rd_kafka_err2str(rktpar->err));
+
+                        rktpar_copy = rd_kafka_topic_partition_list_add_copy(
+                            rk->rk_consumer.assignment.pending, rktpar);
+                        rktpar_copy->offset = RD_KAFKA_OFFSET_STORED;
+                        rktpar_copy->err    = RD_KAFKA_RESP_ERR_NO_ERROR;
+                        rd_kafka_assignment_requery(rk);
 
                 } else if (rktpar->err) {
                         /* Partition-level error */
@@ -295,6 +383,8 @@ static void rd_kafka_assignment_handle_OffsetFetch(rd_kafka_t *rk,
                     "in group \"%s\": %s",
                     rk->rk_group_id->str, rd_kafka_err2str(err));
 
+                /* hookline patch (librdkafka#5586) */
+                rd_kafka_assignment_requery_all(rk, err);
                 return;
         }
 
@@ -328,6 +418,12 @@ static void rd_kafka_assignment_handle_OffsetFetch(rd_kafka_t *rk,
 
         /* Apply the fetched offsets to the assignment */
         rd_kafka_assignment_apply_offsets(rk, offsets, err);
+
+        /* hookline patch (librdkafka#5586): a request-level error answers
+         * for no partition, so apply_offsets() left the queried ones on
+         * .queried, where nothing would ever query them again. */
+        if (err && err != RD_KAFKA_RESP_ERR_STALE_MEMBER_EPOCH)
+                rd_kafka_assignment_requery_all(rk, err);
 
         rd_kafka_topic_partition_list_destroy(offsets);
 }

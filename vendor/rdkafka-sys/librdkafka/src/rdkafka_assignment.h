@@ -51,6 +51,11 @@ typedef struct rd_kafka_assignment_s {
          *  @locks_required none
          *  @locality rdkafka main thread */
         int64_t version;
+        /** hookline patch (librdkafka#5586): serves the assignment again
+         *  after an OffsetFetch failed at request level, so the partitions
+         *  put back on .pending are queried anew.
+         *  @locality rdkafka main thread */
+        rd_kafka_timer_t requery_tmr;
 } rd_kafka_assignment_t;
 
 
