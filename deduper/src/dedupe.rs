@@ -420,14 +420,7 @@ impl Core {
         problem: &str,
     ) -> anyhow::Result<()> {
         let invalid = self.topics.invalid();
-        let headers: Vec<(String, Option<Vec<u8>>)> = msg
-            .headers()
-            .map(|hs| {
-                hs.iter()
-                    .map(|hd| (hd.key.to_string(), hd.value.map(<[u8]>::to_vec)))
-                    .collect()
-            })
-            .unwrap_or_default();
+        let headers = quarantine::header_pairs(msg.headers());
         let record: OwnedRecord = quarantine::too_large(
             &invalid,
             msg.key(),
@@ -522,6 +515,8 @@ fn run_blocking(
     tracing::info!(topic = %dedupe_topic, window = ?config.dedupe.window, "dedupe stage started");
 
     let mut last_expire = Instant::now();
+    // Restored partitions to rewind and resume.
+    let mut unstarted: HashMap<i32, Unstarted> = HashMap::new();
     let result = (|| -> anyhow::Result<()> {
         while !stop.load(Ordering::Relaxed) {
             probe.beat();
@@ -532,22 +527,17 @@ fn run_blocking(
             }
             let to_resume = std::mem::take(&mut lock(&core).to_resume);
             for (p, committed) in to_resume {
-                let mut tpl = TopicPartitionList::new();
-                tpl.add_partition(&dedupe_topic, p);
-                let target = match committed {
-                    Offset::Offset(o) => Offset::Offset(o),
-                    _ => Offset::Beginning,
-                };
-                // Paused already; seek (after pause) drops anything fetched past the commit. If
-                // it fails we cannot know where the fetch position is: stop rather than skip.
-                consumer
-                    .seek(&dedupe_topic, p, target, Duration::from_secs(10))
-                    .with_context(|| {
-                        format!("rewinding dedupe partition {p} to its committed offset before resuming")
-                    })?;
-                consumer
-                    .resume(&tpl)
-                    .with_context(|| format!("resuming partition {p}"))?;
+                unstarted.insert(
+                    p,
+                    Unstarted {
+                        committed,
+                        since: Instant::now(),
+                        logged: false,
+                    },
+                );
+            }
+            if !unstarted.is_empty() {
+                resume_restored(&consumer, &core, &dedupe_topic, &mut unstarted)?;
             }
             let polled = consumer.poll(Duration::from_millis(20));
             let mut core = lock(&core);
@@ -595,4 +585,94 @@ fn run_blocking(
         tracing::info!("dedupe stage stopped");
     }
     result
+}
+/// How long a restored partition may wait for librdkafka to start fetching it before stage B
+/// stops (the orchestrator's restart then gets a fresh assignment).
+const FETCH_START_LIMIT: Duration = Duration::from_secs(120);
+
+/// A restored partition not rewound and resumed yet.
+struct Unstarted {
+    /// The group's committed offset read by the restore.
+    committed: Offset,
+    /// When the restore was installed.
+    since: Instant,
+    /// Whether the wait for its fetcher was logged.
+    logged: bool,
+}
+
+/// Rewinds each restored partition of `unstarted` to its committed offset and resumes it.
+///
+/// A partition whose fetcher librdkafka has not started yet refuses the rewind (`__STATE`): it is
+/// still fetching the partition's committed offset, e.g. from a group coordinator that has just
+/// moved (the restore reads the changelog on a consumer of its own and can finish first). Such a
+/// partition stays paused and is tried again on the next turn; the fetcher will start at the
+/// committed offset, where the rewind points. Revoked partitions are dropped. Any other error, or
+/// a partition still unstarted after [`FETCH_START_LIMIT`], stops the stage: without the rewind it
+/// cannot know where the fetch position is, and it never skips.
+fn resume_restored(
+    consumer: &BaseConsumer<DedupeContext>,
+    core: &Mutex<Core>,
+    topic: &str,
+    unstarted: &mut HashMap<i32, Unstarted>,
+) -> anyhow::Result<()> {
+    let ready: Vec<i32> = {
+        let core = lock(core);
+        unstarted
+            .keys()
+            .copied()
+            .filter(|p| matches!(core.parts.get(p), Some(PartState::Ready(_))))
+            .collect()
+    };
+    unstarted.retain(|p, _| ready.contains(p));
+    for p in ready {
+        let Some(u) = unstarted.get_mut(&p) else {
+            continue;
+        };
+        let target = match u.committed {
+            Offset::Offset(o) => Offset::Offset(o),
+            _ => Offset::Beginning,
+        };
+        // Paused already; seek (after pause) drops anything fetched past the commit.
+        let mut tpl = TopicPartitionList::new();
+        tpl.add_partition_offset(topic, p, target)
+            .with_context(|| format!("rewinding dedupe partition {p}: offset {target:?}"))?;
+        let sought = consumer
+            .seek_partitions(tpl, Duration::from_secs(10))
+            .with_context(|| {
+                format!("rewinding dedupe partition {p} to its committed offset before resuming")
+            })?;
+        let error = sought.elements().first().and_then(|e| e.error().err());
+        match error {
+            None => {}
+            Some(KafkaError::OffsetFetch(RDKafkaErrorCode::State))
+                if u.since.elapsed() < FETCH_START_LIMIT =>
+            {
+                if !u.logged {
+                    u.logged = true;
+                    tracing::info!(
+                        partition = p,
+                        "restored dedupe partition not fetched yet (its committed offset is still \
+                         being fetched); rewinding and resuming it once it is"
+                    );
+                }
+                continue;
+            }
+            Some(e) => {
+                return Err(e).with_context(|| {
+                    format!(
+                        "rewinding dedupe partition {p} to its committed offset before resuming \
+                         ({:.0}s after its restore)",
+                        u.since.elapsed().as_secs_f64()
+                    )
+                })
+            }
+        }
+        let mut tpl = TopicPartitionList::new();
+        tpl.add_partition(topic, p);
+        consumer
+            .resume(&tpl)
+            .with_context(|| format!("resuming partition {p}"))?;
+        unstarted.remove(&p);
+    }
+    Ok(())
 }
