@@ -29,6 +29,7 @@ mod stream;
 
 mod clock;
 mod control_plane;
+mod coordinator;
 mod disk;
 mod failover;
 mod hostile;

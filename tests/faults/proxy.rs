@@ -6,9 +6,15 @@
 //! `kafka-cluster` gives every node a PROXIED listener that advertises the proxy's port: a client
 //! bootstrapped through [`Proxies::bootstrap`] keeps all its traffic on the proxies, while the
 //! test's own producer and readers use the direct ports.
+//!
+//! A diverting proxy ([`Proxies::start_diverting`]) reads Kafka's framing instead of passing bytes:
+//! while diverting, each request of one API is sent to *another* broker, and that broker's answer
+//! is returned to the client (Kafka matches answers by correlation id). For a group's
+//! `OffsetFetch` that is what a client gets from a group coordinator that has just moved away: a
+//! request-level `NOT_COORDINATOR`, on demand and on every try.
 
 use std::io;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -33,11 +39,25 @@ pub enum Mode {
     Slow(Duration),
 }
 
+/// Kafka's API key of `OffsetFetch` (the committed offsets of a group's partitions).
+pub const OFFSET_FETCH: i16 = 9;
+
+/// Requests of one API answered by another broker (see the module doc).
+struct Divert {
+    api_key: i16,
+    /// The port of the broker that answers instead.
+    to: u16,
+    on: AtomicBool,
+    count: AtomicUsize,
+}
+
 struct Shared {
     mode: watch::Sender<Mode>,
     /// Bumped by [`Proxy::reset`]: every connection open then is closed with an RST.
     reset: watch::Sender<u64>,
     accepted: AtomicUsize,
+    /// Set for a diverting proxy: its connections are served frame by frame.
+    divert: Option<Divert>,
 }
 
 /// One proxy: 127.0.0.1:`listen` → 127.0.0.1:`backend`.
@@ -49,6 +69,10 @@ pub struct Proxy {
 impl Proxy {
     /// Binds 127.0.0.1:`listen` (fails the test if the port is taken) and serves it in `Pass`.
     pub fn start(listen: u16, backend: u16) -> Proxy {
+        Proxy::start_with(listen, backend, None)
+    }
+
+    fn start_with(listen: u16, backend: u16, divert: Option<Divert>) -> Proxy {
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
             .thread_name(format!("fault-proxy-{listen}"))
@@ -66,6 +90,7 @@ impl Proxy {
             mode: watch::Sender::new(Mode::Pass),
             reset: watch::Sender::new(0),
             accepted: AtomicUsize::new(0),
+            divert,
         });
         rt.spawn(accept_loop(listener, backend, shared.clone()));
         Proxy {
@@ -105,7 +130,11 @@ async fn accept_loop(listener: TcpListener, backend: u16, shared: Arc<Shared>) {
         match listener.accept().await {
             Ok((client, _)) => {
                 shared.accepted.fetch_add(1, Ordering::Relaxed);
-                tokio::spawn(connection(client, backend, shared.clone()));
+                if shared.divert.is_some() {
+                    tokio::spawn(kafka_connection(client, backend, shared.clone()));
+                } else {
+                    tokio::spawn(connection(client, backend, shared.clone()));
+                }
             }
             Err(e) => {
                 // E.g. out of file descriptors: back off rather than spin.
@@ -146,6 +175,72 @@ async fn connection(mut client: TcpStream, backend: u16, shared: Arc<Shared>) {
     if reset_now {
         abort(&client, Some(&server));
     }
+}
+
+/// Serves one connection of a diverting proxy frame by frame (no fault modes): each request of
+/// the diverted API, while diverting is on, is answered by the other broker over a connection of
+/// its own; everything else passes. Frames are written whole, so an answer from the other broker
+/// never lands inside one from the connection's own.
+async fn kafka_connection(client: TcpStream, backend: u16, shared: Arc<Shared>) {
+    let Some(divert) = shared.divert.as_ref() else {
+        return;
+    };
+    let _ = client.set_nodelay(true);
+    let Ok(server) = TcpStream::connect(("127.0.0.1", backend)).await else {
+        return abort(&client, None);
+    };
+    let _ = server.set_nodelay(true);
+    let (mut cr, cw) = client.into_split();
+    let (mut sr, mut sw) = server.into_split();
+    let cw = tokio::sync::Mutex::new(cw);
+    let down = async {
+        while let Some(frame) = read_frame(&mut sr).await? {
+            cw.lock().await.write_all(&frame).await?;
+        }
+        cw.lock().await.shutdown().await
+    };
+    let up = async {
+        while let Some(frame) = read_frame(&mut cr).await? {
+            let key = frame.get(4..6).map(|k| i16::from_be_bytes([k[0], k[1]]));
+            if divert.on.load(Ordering::Relaxed) && key == Some(divert.api_key) {
+                let answer = ask(divert.to, &frame).await?;
+                divert.count.fetch_add(1, Ordering::Relaxed);
+                cw.lock().await.write_all(&answer).await?;
+            } else {
+                sw.write_all(&frame).await?;
+            }
+        }
+        sw.shutdown().await
+    };
+    let _ = tokio::try_join!(up, down);
+}
+
+/// One Kafka frame (its 4-byte size included); `None` at a clean end of the stream.
+async fn read_frame<R: AsyncRead + Unpin>(rd: &mut R) -> io::Result<Option<Vec<u8>>> {
+    let mut size = [0u8; 4];
+    match rd.read_exact(&mut size).await {
+        Ok(_) => {}
+        Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok(None),
+        Err(e) => return Err(e),
+    }
+    let n = i32::from_be_bytes(size);
+    let n = usize::try_from(n)
+        .ok()
+        .filter(|n| *n <= 256 << 20)
+        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, format!("frame size {n}")))?;
+    let mut frame = vec![0u8; 4 + n];
+    frame[..4].copy_from_slice(&size);
+    rd.read_exact(&mut frame[4..]).await?;
+    Ok(Some(frame))
+}
+
+/// Sends one request frame to the broker on `port` and returns its answer.
+async fn ask(port: u16, request: &[u8]) -> io::Result<Vec<u8>> {
+    let mut broker = TcpStream::connect(("127.0.0.1", port)).await?;
+    broker.write_all(request).await?;
+    read_frame(&mut broker)
+        .await?
+        .ok_or_else(|| io::Error::new(io::ErrorKind::UnexpectedEof, "no answer"))
 }
 
 /// Makes the drop of the sockets an RST instead of a FIN.
@@ -238,6 +333,47 @@ impl Proxies {
                 .map(|(listen, backend)| Proxy::start(listen, backend))
                 .collect(),
         }
+    }
+
+    /// Starts a diverting proxy for every node (see the module doc), not diverting yet: each
+    /// node's `api_key` requests go to the next node's broker.
+    pub fn start_diverting(api_key: i16) -> Proxies {
+        let map = cluster::proxy_map();
+        assert!(
+            map.len() > 1,
+            "kafka-cluster proxy-map printed fewer than two nodes"
+        );
+        let proxies = (0..map.len())
+            .map(|i| {
+                let (listen, backend) = map[i];
+                let divert = Divert {
+                    api_key,
+                    to: map[(i + 1) % map.len()].1,
+                    on: AtomicBool::new(false),
+                    count: AtomicUsize::new(0),
+                };
+                Proxy::start_with(listen, backend, Some(divert))
+            })
+            .collect();
+        Proxies { proxies }
+    }
+
+    /// Turns diverting on or off on every diverting proxy.
+    pub fn divert(&self, on: bool) {
+        for p in &self.proxies {
+            if let Some(d) = &p.shared.divert {
+                d.on.store(on, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// Requests answered by another broker so far.
+    pub fn diverted(&self) -> usize {
+        self.proxies
+            .iter()
+            .filter_map(|p| p.shared.divert.as_ref())
+            .map(|d| d.count.load(Ordering::Relaxed))
+            .sum()
     }
 
     /// The bootstrap servers through the proxies.
