@@ -22,6 +22,7 @@ use crate::envelope::InvalidReason;
 use crate::headers as h;
 use crate::produce::{owned_headers, OwnedRecord};
 use crate::recordsize::{headers_bytes, record_bytes};
+use rdkafka::message::Headers;
 
 /// Longest key prefix kept.
 pub const KEY_PREFIX_BYTES: usize = 1024;
@@ -115,6 +116,16 @@ fn not_ours(headers: &[(String, Option<Vec<u8>>)]) -> Vec<(&str, Option<&[u8]>)>
         .filter(|(k, _)| !HEADERS.contains(&k.as_str()))
         .map(|(k, v)| (k.as_str(), v.as_deref()))
         .collect()
+}
+
+/// A consumed record's headers as owned (name, value) pairs, as [`Quarantine::whole`] and
+/// [`too_large`] take them (none when it has none).
+pub fn header_pairs<H: Headers>(headers: Option<&H>) -> Vec<(String, Option<Vec<u8>>)> {
+    headers.map_or_else(Vec::new, |hs| {
+        hs.iter()
+            .map(|hd| (hd.key.to_string(), hd.value.map(<[u8]>::to_vec)))
+            .collect()
+    })
 }
 
 /// The quarantine record of a record that cannot be written whole, sized to fit `limit` (the

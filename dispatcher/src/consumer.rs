@@ -58,7 +58,7 @@ use std::time::Duration;
 use anyhow::{bail, Context as _};
 use bytes::Bytes;
 use rdkafka::consumer::{Consumer, StreamConsumer};
-use rdkafka::message::{BorrowedMessage, Headers, Message, OwnedMessage};
+use rdkafka::message::{BorrowedMessage, Message, OwnedMessage};
 use rdkafka::producer::{FutureProducer, Producer};
 use rdkafka::util::Timeout;
 use tokio::sync::{mpsc, watch};
@@ -70,7 +70,7 @@ use hookline_common::event_headers::EventHeaders;
 use hookline_common::kafka::{pipeline_consumer_config, producer_config};
 use hookline_common::ops::StageProbe;
 use hookline_common::produce::{OwnedRecord, ProduceErrors};
-use hookline_common::quarantine::{Quarantine, Source};
+use hookline_common::quarantine::{self, Quarantine, Source};
 use hookline_common::rebalance::{self, Rebalanced};
 use hookline_common::shutdown::Shutdown;
 use hookline_common::topics::Topics;
@@ -429,14 +429,7 @@ impl Dispatcher {
     /// whole, with the headers rust-rdkafka can read and the quarantine headers
     /// (`bad_delivery_record`, the problem, the source position).
     fn quarantined<M: Record>(&self, msg: &M, problem: &str) -> OwnedRecord {
-        let headers: Vec<(String, Option<Vec<u8>>)> = msg
-            .headers()
-            .map(|hs| {
-                hs.iter()
-                    .map(|hd| (hd.key.to_string(), hd.value.map(<[u8]>::to_vec)))
-                    .collect()
-            })
-            .unwrap_or_default();
+        let headers = quarantine::header_pairs(msg.headers());
         let quarantine = Quarantine {
             reason: BAD_DELIVERY_RECORD,
             detail: problem,
