@@ -38,9 +38,12 @@ EXPOSE 9464 8090
 ENTRYPOINT ["hookline"]
 CMD ["run", "all"]
 
-# The binary built on the host (target/release/hookline; .dockerignore lets only it through).
+# The binary built on the host: target/release/hookline, or with `--build-arg PROFILE=debug` the
+# dev build's target/debug/hookline (what the container tests use: no release compile);
+# .dockerignore lets only these two through.
 FROM base AS prebuilt
-COPY target/release/hookline /usr/local/bin/hookline
+ARG PROFILE=release
+COPY target/${PROFILE}/hookline /usr/local/bin/hookline
 RUN ["hookline", "--version"]
 
 FROM rust:1-bookworm AS build
