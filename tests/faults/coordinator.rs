@@ -12,7 +12,6 @@
 
 use std::time::Instant;
 
-use crate::ledger;
 use crate::procs::{watch, Hookline};
 use crate::proxy::{Proxies, OFFSET_FETCH};
 use crate::scenario::{env_or, Options, Scenario};
@@ -62,12 +61,5 @@ fn committed_offsets_refused_by_a_moved_coordinator_stall_no_consumer() {
         "only {diverted} OffsetFetch requests went through the diverting proxies: the fault did \
          not happen (are all nine consumer groups still fetching committed offsets?)"
     );
-    producing.join().expect("producer thread");
-    sc.say("stream produced");
-    let summary = ledger::settle(&sc, &ids, invalid, 0, || {
-        hookline.assert_running("the settling")
-    });
-    hookline.assert_running("the ledger check");
-    sc.say(&format!("ledger balanced: {summary}"));
-    hookline.stop();
+    sc.finish(producing, hookline, &ids, invalid, 0);
 }

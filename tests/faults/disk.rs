@@ -102,11 +102,11 @@ fn a_full_broker_disk_loses_nothing() {
     sc.say(&format!(
         "disk freed; node {NODE} recovered its logs and is back in {back:.1}s"
     ));
-    producing.join().expect("producer thread");
-    sc.say("stream produced");
-    let summary = ledger::settle(&sc, &ids, invalid, ledger::one_percent(&ids), || {
-        hookline.assert_running("the settling")
-    });
-    sc.say(&format!("ledger balanced: {summary}"));
-    hookline.stop();
+    sc.finish(
+        producing,
+        hookline,
+        &ids,
+        invalid,
+        ledger::one_percent(&ids),
+    );
 }

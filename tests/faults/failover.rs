@@ -58,15 +58,13 @@ fn failover_round(round: usize, rt: &tokio::runtime::Runtime) -> ledger::Summary
         sc.say(&format!("broker {n} back in {back:.1}s"));
         watch(&mut [&mut hookline], "the stream", 4.0);
     }
-    producing.join().expect("producer thread");
-    sc.say("stream produced");
-    let summary = ledger::settle(&sc, &ids, invalid, ledger::one_percent(&ids), || {
-        hookline.assert_running("the settling")
-    });
-    hookline.assert_running("the ledger check");
-    sc.say(&format!("ledger balanced: {summary}"));
-    hookline.stop();
-    summary
+    sc.finish(
+        producing,
+        hookline,
+        &ids,
+        invalid,
+        ledger::one_percent(&ids),
+    )
 }
 
 #[test]
@@ -113,11 +111,11 @@ fn rolling_restart_of_all_brokers_loses_nothing() {
         ));
         watch(&mut [&mut hookline], "the rolling restart", 2.0);
     }
-    producing.join().expect("producer thread");
-    sc.say("stream produced");
-    let summary = ledger::settle(&sc, &ids, invalid, ledger::one_percent(&ids), || {
-        hookline.assert_running("the settling")
-    });
-    sc.say(&format!("ledger balanced: {summary}"));
-    hookline.stop();
+    sc.finish(
+        producing,
+        hookline,
+        &ids,
+        invalid,
+        ledger::one_percent(&ids),
+    );
 }

@@ -37,7 +37,7 @@ use std::time::{Duration, Instant};
 
 use rdkafka::config::ClientConfig;
 use rdkafka::error::KafkaError;
-use rdkafka::message::{Header, Headers, Message, OwnedHeaders};
+use rdkafka::message::{Headers, Message, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::types::RDKafkaErrorCode;
 
@@ -1171,19 +1171,12 @@ async fn produce_alone(topic: &str, rec: &Rec) -> Result<(), KafkaError> {
         .set("message.max.bytes", "16000000")
         .create()
         .expect("producer");
-    let mut headers = OwnedHeaders::new();
-    for (k, v) in &rec.headers {
-        headers = headers.insert(Header {
-            key: k,
-            value: Some(v),
-        });
-    }
     producer
         .send(
             FutureRecord::to(topic)
                 .key(&rec.key)
                 .payload(&rec.value)
-                .headers(headers),
+                .headers(rec.kafka_headers()),
             Duration::from_secs(60),
         )
         .await

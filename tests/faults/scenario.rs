@@ -1,11 +1,14 @@
 //! What every scenario starts from: a unique topic prefix, a receiver with a healthy and a flaky
 //! endpoint, a config file for the `hookline` processes, the topics applied.
 
+use std::collections::BTreeSet;
 use std::path::PathBuf;
+use std::thread::JoinHandle;
 use std::time::Instant;
 
 use crate::harness;
-use crate::procs::hookline_command;
+use crate::ledger;
+use crate::procs::{hookline_command, Hookline};
 use crate::receiver::{Behavior, Receiver};
 
 /// Seven attempts, compressed into seconds (the spec's shape: at once, then six tiers, a
@@ -77,6 +80,28 @@ impl Scenario {
             self.name,
             self.t0.elapsed().as_secs_f64()
         );
+    }
+
+    /// The end of a scenario run by one `run all` process: waits for the stream's producer,
+    /// settles the ledger with at most `bound` duplicate POSTs (the process must keep running
+    /// throughout), reports it, and stops the process.
+    pub fn finish(
+        &self,
+        producing: JoinHandle<()>,
+        mut hookline: Hookline,
+        ids: &BTreeSet<String>,
+        invalid: usize,
+        bound: usize,
+    ) -> ledger::Summary {
+        producing.join().expect("producer thread");
+        self.say("stream produced");
+        let summary = ledger::settle(self, ids, invalid, bound, || {
+            hookline.assert_running("the settling")
+        });
+        hookline.assert_running("the ledger check");
+        self.say(&format!("ledger balanced: {summary}"));
+        hookline.stop();
+        summary
     }
 }
 

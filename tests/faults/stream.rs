@@ -23,6 +23,18 @@ impl Rec {
             headers: Vec::new(),
         }
     }
+
+    /// The headers as Kafka headers, to produce the record.
+    pub fn kafka_headers(&self) -> rdkafka::message::OwnedHeaders {
+        self.headers
+            .iter()
+            .fold(rdkafka::message::OwnedHeaders::new(), |out, (k, v)| {
+                out.insert(rdkafka::message::Header {
+                    key: k,
+                    value: Some(v),
+                })
+            })
+    }
 }
 
 pub struct Stream {
@@ -108,7 +120,6 @@ impl Stream {
                 .expect("runtime");
             rt.block_on(async move {
                 use futures::StreamExt;
-                use rdkafka::message::{Header, OwnedHeaders};
                 let producer: rdkafka::producer::FutureProducer = rdkafka::ClientConfig::new()
                     .set("bootstrap.servers", harness::bootstrap())
                     .set("enable.idempotence", "true")
@@ -126,13 +137,7 @@ impl Stream {
                     let producer = producer.clone();
                     let topic = topic.clone();
                     pending.push(async move {
-                        let mut headers = OwnedHeaders::new();
-                        for (k, v) in &rec.headers {
-                            headers = headers.insert(Header {
-                                key: k,
-                                value: Some(v),
-                            });
-                        }
+                        let headers = rec.kafka_headers();
                         producer
                             .send(
                                 rdkafka::producer::FutureRecord::to(&topic)
