@@ -3,7 +3,7 @@
 
 Kubernetes: renders the example overlay (and the overlay with the KEDA component) with kustomize,
 validates every object against the Kubernetes API schemas offline (kubernetes-validate, pinned
-Kubernetes version), checks the security and probe settings the README promises, and runs
+Kubernetes version), checks the security and probe settings docs/deployment.md promises, and runs
 `hookline config check` on the config the pods would assemble (ConfigMap + endpoints Secret +
 environment). Monitoring: `promtool check rules`, `promtool test rules`, the PrometheusRule in step
 with the rule file, the Grafana JSON parses. Compose: every hookline service's command is a real
@@ -11,7 +11,7 @@ subcommand, every mounted config passes `config check`, health checks and restar
 The admin API (both): it has at least one `[[admin.tokens]]` (it refuses to start without), listens
 on all interfaces of its pod / container on the port its Service / published port names, is
 reachable only from named sources, and no token whose clear text the repository publishes
-(the local compose stack's, in the README) opens the Kubernetes example.
+(the local compose stack's, in docs/deployment.md) opens the Kubernetes example.
 The endpoint secrets key (both): every process that reads the endpoint registry (`hookline run …`)
 gets HOOKLINE_SECRETS_KEY, the same on each; on Kubernetes from the Secret `hookline-secrets-key`
 (never a literal or a ConfigMap), not given to containers that do not need it, and the example
@@ -517,7 +517,7 @@ def check_compose_secrets_key(services):
 
 def check_compose_admin(services):
     """The compose `admin` service: `run admin`, reachable from the host's loopback on the port
-    it listens on, with a token whose clear text the README gives for the local stack."""
+    it listens on, with a token whose clear text docs/deployment.md gives for the local stack."""
     import tomllib
     svc = services.get("admin")
     check("compose admin: a service running `hookline run admin`",
@@ -537,10 +537,10 @@ def check_compose_admin(services):
           f"127.0.0.1:{port}:{port}" in [str(p) for p in svc.get("ports", [])], str(svc.get("ports")))
     check("compose admin: the config has at least one [[admin.tokens]] (run admin refuses to start without)",
           bool(token_hashes(cfg)))
-    readme = (ROOT / "README.md").read_text()
-    compose_section = readme.split("\n## Docker Compose", 1)[-1].split("\n## ", 1)[0]
+    doc = (ROOT / "docs/deployment.md").read_text()
+    compose_section = doc.split("\n## Docker Compose", 1)[-1].split("\n## ", 1)[0]
     clear = TOKEN_RE.findall(compose_section)
-    check("compose admin: the clear token in README \"Docker Compose\" opens it",
+    check("compose admin: the clear token in docs/deployment.md \"Docker Compose\" opens it",
           bool(clear) and all(hashlib.sha256(t.encode()).hexdigest() in token_hashes(cfg) for t in clear),
           f"{len(clear)} token(s) in the section")
 

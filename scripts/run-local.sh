@@ -7,7 +7,8 @@
 # HOOKLINE_DEMO=0: only the pipeline, in the foreground (no receiver, no demo events).
 # Endpoint secrets are sealed at rest on `webhooks.endpoints` with HOOKLINE_SECRETS_KEY: the demo's
 # key is made once into target/demo-secrets.key (mode 600) and every hookline process started here
-# gets it, so what one run sealed the next one opens (`cargo clean` loses it: README "Demo").
+# gets it, so what one run sealed the next one opens (`cargo clean` loses it:
+# docs/getting-started.md "Demo").
 set -euo pipefail
 cd "$(dirname "$0")/.."
 config=${HOOKLINE_CONFIG:-config/local.toml}

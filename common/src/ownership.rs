@@ -12,7 +12,7 @@
 //! and committed. After a revoke returns, no write of the old owner can appear, and every write
 //! it had acknowledged is covered by the offsets it committed — provided its work was finished or
 //! handed off before the gate closed (the stages wait for it, then cut attempts short, see the
-//! README).
+//! docs/delivery.md).
 //!
 //! Each partition also has a **cut** signal: set at a revoke (or shutdown) so attempts still
 //! running end at once as `timeout` and hand off while the gate is still open.

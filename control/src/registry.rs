@@ -8,7 +8,7 @@
 //! [`Registry::start`] returns once it is (and, with `seed`, once the config file's endpoints
 //! are on the topic: [`crate::seed`]). Writes return once the new state is visible in this
 //! process (read-your-writes); other processes see it as soon as their tail reads it
-//! (measured: README "Control plane").
+//! (measured: docs/control-plane.md).
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -1,5 +1,5 @@
 //! Seeding the registry from the config file's `[[endpoints]]`, so the file and the topic never
-//! silently disagree. The rule (README "Control plane"):
+//! silently disagree. The rule (docs/control-plane.md):
 //!
 //! - Every endpoint in the file is **file-managed**: at start, a seeding process writes it to
 //!   `<p>.endpoints` unless the topic already holds exactly that definition as file-managed —

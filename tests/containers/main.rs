@@ -37,7 +37,7 @@ const STAGES_FILE: &str = "deploy/compose/stages.yml";
 /// Kubernetes service-link variables on the stage services (test only).
 const SERVICE_LINKS_FILE: &str = "tests/containers/service-links.yml";
 const PREFIX: &str = "webhooks";
-/// The clear token behind deploy/compose/hookline.toml's `compose-demo` hash (README).
+/// The clear token behind deploy/compose/hookline.toml's `compose-demo` hash (docs/deployment.md).
 const DEMO_TOKEN: &str = "hlk_c6f0f79a34cc503fedbb1e26ad83e5839bd5cd9c5e7e39e6da7d42b8d0f5f130";
 
 fn compose_cmd() -> Vec<String> {

@@ -2,7 +2,7 @@
 //! trusts a company CA given the way containers give one (`SSL_CERT_FILE`, or the image's system
 //! store), every metric the alert rules and the Grafana dashboard use is one the binary
 //! exports after traffic, and the Compose stack's admin service starts from its config and its
-//! endpoint secrets key, becomes ready and opens to the token the README gives for it.
+//! endpoint secrets key, becomes ready and opens to the token docs/deployment.md gives for it.
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -599,13 +599,14 @@ async fn alerts_and_dashboard_use_only_metrics_the_binary_exports_after_traffic(
     assert!(used_hookline.len() >= 20, "only {used_hookline:?}");
 }
 
-/// The clear admin token the README's "Docker Compose" section gives for the local stack.
+/// The clear admin token docs/deployment.md's "Docker Compose" section gives for the local stack.
 fn readme_compose_token(root: &Path) -> String {
-    let readme = std::fs::read_to_string(root.join("README.md")).expect("README.md");
-    let section = readme
+    let path = root.join("docs/deployment.md");
+    let doc = std::fs::read_to_string(path).expect("docs/deployment.md");
+    let section = doc
         .split_once("\n## Docker Compose")
         .map(|(_, rest)| rest.split_once("\n## ").map_or(rest, |(s, _)| s))
-        .expect("README has a \"Docker Compose\" section");
+        .expect("docs/deployment.md has a \"Docker Compose\" section");
     let start = section
         .find("hlk_")
         .expect("the Docker Compose section gives the stack's admin token");
@@ -644,8 +645,9 @@ fn logged_addr(log: &Path, message: &str) -> Option<String> {
 /// and the stack's endpoint secrets key (it seeds the config's endpoints, sealed with it),
 /// listening on all interfaces as the service does (`HOOKLINE_ADMIN__LISTEN`, here on a free
 /// port), with Kafka and the ops port pointed at the test's. It reports ready on `/readyz` (its
-/// `admin` probe) once its ingest has read the idempotency claims; the README's clear token opens
-/// the API and publishes an event onto `<p>.events`; another token is refused.
+/// `admin` probe) once its ingest has read the idempotency claims; the clear token of
+/// docs/deployment.md opens the API and publishes an event onto `<p>.events`; another token is
+/// refused.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn compose_admin_service_gets_ready_and_the_readme_token_opens_it() {
     require_kafka();
@@ -753,7 +755,7 @@ async fn compose_admin_service_gets_ready_and_the_readme_token_opens_it() {
     );
     assert_eq!(demo["secrets"].as_array().map(Vec::len), Some(1), "{demo}");
 
-    // The README's example publish: 202 and the event on `<p>.events`.
+    // docs/deployment.md's example publish: 202 and the event on `<p>.events`.
     let published = http
         .post(format!("http://{api}/v1/events"))
         .bearer_auth(&token)

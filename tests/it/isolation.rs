@@ -219,9 +219,10 @@ async fn a_hanging_endpoint_costs_only_itself() {
         "only {deferrals} deferred: more than the 4 slots' worth waited for the endpoint"
     );
     // The counter counts deferrals written. On a starved machine the member can lose its session
-    // (eviction, README "rebalance forks" residual) and redo work it had already handed off: those
-    // deferrals are written and counted twice, and the read above stops at N records. So the
-    // counter covers at least every deferral read, never fewer (seen once in CI: 2048 vs 1996).
+    // (eviction, docs/delivery.md "rebalance forks" residual) and redo work it had already handed
+    // off: those deferrals are written and counted twice, and the read above stops at N records.
+    // So the counter covers at least every deferral read, never fewer (seen once in CI: 2048 vs
+    // 1996).
     let deferred = counter(&registry, "hookline_dispatcher_deferred_total", None);
     assert!(
         deferred as usize >= deferrals,
