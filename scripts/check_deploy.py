@@ -45,7 +45,7 @@ KEDA = ROOT / "deploy/kubernetes/components/keda"
 STAGES = {"hookline-deduper", "hookline-dispatcher", "hookline-retry-tiers", "hookline-admin"}
 # Components that get a PodDisruptionBudget.
 COMPONENTS = {"deduper", "dispatcher", "retry-tiers", "admin"}
-# `admin.listen`'s default (common/src/admin_config.rs): loopback.
+# `admin.listen`'s default (common/src/config/admin.rs): loopback.
 ADMIN_LISTEN_DEFAULT = "127.0.0.1:8090"
 # What `hookline admin token` prints: hlk_ + 64 hex digits.
 TOKEN_RE = re.compile(r"\bhlk_[0-9a-f]{64}\b")

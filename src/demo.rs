@@ -27,10 +27,14 @@ use rand::Rng as _;
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use serde_json::json;
 
-use hookline_common::clock::now_secs;
 use hookline_common::config::{Config, LogConfig, LogFormat};
-use hookline_common::secret::decode_secret;
-use hookline_common::{kafka, shutdown, telemetry, topics};
+use hookline_common::contract::secret::decode_secret;
+use hookline_common::contract::topics;
+use hookline_common::kafka;
+use hookline_common::runtime::clock::now_secs;
+use hookline_common::runtime::shutdown;
+
+use crate::telemetry;
 use hookline_delivery::signing;
 
 /// Largest body the receiver reads; beyond it answers 413.

@@ -10,11 +10,14 @@ use anyhow::Context as _;
 use clap::{Parser, Subcommand, ValueEnum};
 
 use hookline_common::config::Config;
-use hookline_common::ops::{self, Readiness};
-use hookline_common::{kafka, shutdown, telemetry, topics};
+use hookline_common::contract::topics;
+use hookline_common::kafka;
+use hookline_common::runtime::ops::{self, Readiness};
+use hookline_common::runtime::shutdown;
 
 mod demo;
 mod malloc;
+mod telemetry;
 
 #[derive(Parser)]
 #[command(
@@ -173,7 +176,7 @@ fn main() -> ExitCode {
         Command::Admin {
             command: AdminCommand::Token { name, scope },
         } => {
-            if hookline_common::admin_config::TokenScope::parse(&scope).is_none() {
+            if hookline_common::config::admin::TokenScope::parse(&scope).is_none() {
                 eprintln!("--scope must be `admin` or `tenant:<id>`, not `{scope}`");
                 return ExitCode::from(2);
             }

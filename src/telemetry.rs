@@ -3,7 +3,7 @@
 
 use tracing_subscriber::EnvFilter;
 
-use crate::config::{LogConfig, LogFormat};
+use hookline_common::config::{LogConfig, LogFormat};
 
 /// Installs the global subscriber. `RUST_LOG` wins over `log.level` when set.
 pub fn init(log: &LogConfig) {

@@ -16,7 +16,7 @@ use axum::response::{IntoResponse, Response};
 use rand::RngCore;
 use sha2::{Digest, Sha256};
 
-use hookline_common::admin_config::{AdminConfig, TokenScope};
+use hookline_common::config::admin::{AdminConfig, TokenScope};
 use hookline_ingest::http::TenantScope;
 
 use crate::error::ApiError;
@@ -178,7 +178,7 @@ fn unauthorized(message: &str) -> Response {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use hookline_common::admin_config::TokenConfig;
+    use hookline_common::config::admin::TokenConfig;
 
     #[test]
     fn configured_hashes_authenticate_their_tokens_only() {

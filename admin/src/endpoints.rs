@@ -19,7 +19,7 @@ use serde_json::Value;
 use utoipa::{IntoParams, ToSchema};
 
 use hookline_common::config::{EndpointConfig, EndpointUrl, Secret};
-use hookline_common::delivery::now_ms;
+use hookline_common::contract::delivery::now_ms;
 use hookline_control::endpoint::generate_secret;
 use hookline_control::health::HealthReport;
 use hookline_control::tracker::Health;

@@ -31,10 +31,10 @@ use utoipa::{Modify, OpenApi};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use hookline_common::admin_config::TokenScope;
+use hookline_common::config::admin::TokenScope;
 use hookline_common::config::Config;
-use hookline_common::ops::{Readiness, StageProbe};
-use hookline_common::shutdown::Shutdown;
+use hookline_common::runtime::ops::{Readiness, StageProbe};
+use hookline_common::runtime::shutdown::Shutdown;
 use hookline_control::Plane;
 use hookline_ingest::Ingest;
 use hookline_tools::replay::Replays;

@@ -6,9 +6,9 @@ use std::sync::Arc;
 
 use axum::http::StatusCode;
 
-use hookline_common::admin_config::TokenScope;
+use hookline_common::config::admin::TokenScope;
 use hookline_common::config::Config;
-use hookline_common::replays::ReplayRecord;
+use hookline_common::contract::replays::ReplayRecord;
 use hookline_control::attempts::{Attempt, Outcome};
 use hookline_control::health::{HealthReport, Seen};
 use hookline_control::Endpoint;

@@ -46,9 +46,9 @@ use rdkafka::producer::{
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
 
 use hookline_common::config::Config;
+use hookline_common::contract::keyhash::{key_hash, partition_for};
+use hookline_common::kafka::produce::flush_acked;
 use hookline_common::kafka::{base_config, pipeline_consumer_config, producer_config};
-use hookline_common::keyhash::{key_hash, partition_for};
-use hookline_common::produce::flush_acked;
 
 const PARTITIONS: i32 = 6;
 

@@ -87,7 +87,7 @@ pub async fn http(
                 }
                 let id = format!("c-{i}");
                 let body = load::event_body(&id, load::OK_TYPE, "main", 0, 0, payload_bytes);
-                let ts = hookline_common::clock::now_secs();
+                let ts = hookline_common::runtime::clock::now_secs();
                 let sig = signing::sign(&keys, &id, ts, &body);
                 let request = hyper::Request::post(url.as_str())
                     .header("content-type", "application/json")

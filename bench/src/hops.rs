@@ -25,8 +25,8 @@ use rdkafka::{Offset, TopicPartitionList};
 use serde::Serialize;
 
 use hookline_common::config::Config;
+use hookline_common::contract::topics::Topics;
 use hookline_common::kafka::base_config;
-use hookline_common::topics::Topics;
 
 /// The hops, in pipeline order (names of [`HopLatency::hop`]).
 pub const HOPS: [&str; 4] = ["produce", "validate", "dedupe", "dispatch"];

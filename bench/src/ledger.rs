@@ -21,7 +21,7 @@ use rdkafka::{Offset, TopicPartitionList};
 use serde::Serialize;
 
 use hookline_common::config::Config;
-use hookline_common::headers::EVENT_ID;
+use hookline_common::contract::headers::EVENT_ID;
 use hookline_common::kafka::base_config;
 
 use crate::load::Planned;

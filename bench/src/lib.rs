@@ -39,9 +39,9 @@ use rdkafka::client::DefaultClientContext;
 use rdkafka::producer::FutureProducer;
 
 use hookline_common::config::Config;
+use hookline_common::contract::secret::decode_secret;
+use hookline_common::contract::topics::{self, Topics};
 use hookline_common::kafka::{apply_topics, base_config, producer_config};
-use hookline_common::secret::decode_secret;
-use hookline_common::topics::{self, Topics};
 
 pub use options::Options;
 use report::{Machine, Ratios, Report};

@@ -14,7 +14,7 @@ use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
 use rdkafka::producer::FutureProducer;
 
 use hookline_common::config::Config;
-use hookline_common::topics::Topics;
+use hookline_common::contract::topics::Topics;
 
 use crate::hops;
 use crate::lag::LagWatch;

@@ -37,9 +37,9 @@ fn json_literal(u: &mut Unstructured<'_>, s: &str) -> arbitrary::Result<String> 
 mod envelope {
     use std::collections::HashMap;
 
+    use hookline_common::config::glob::glob_match;
     use hookline_common::config::{DedupeKeyRule, InputConfig};
-    use hookline_common::envelope::{InvalidReason, ValidEvent, Validator};
-    use hookline_common::glob::glob_match;
+    use hookline_common::contract::envelope::{InvalidReason, ValidEvent, Validator};
     use hookline_fuzzing::{arbitrary, Unstructured};
     use serde_json::Value;
 
@@ -733,8 +733,8 @@ mod envelope {
 mod delivery_headers {
     use std::collections::{HashMap, HashSet};
 
-    use hookline_common::delivery::{self as d, AttemptRecord, DeadReason, DeliveryMeta};
-    use hookline_common::headers as h;
+    use hookline_common::contract::delivery::{self as d, AttemptRecord, DeadReason, DeliveryMeta};
+    use hookline_common::contract::headers as h;
     use hookline_fuzzing::{arbitrary, Unstructured};
     use rdkafka::message::{Header, OwnedHeaders, OwnedMessage, Timestamp};
 

@@ -18,9 +18,9 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc;
 
 use hookline_common::config::Config;
+use hookline_common::contract::keyhash::{key_hash, partition_for};
+use hookline_common::contract::topics::Topics;
 use hookline_common::kafka::{producer_config, require_topics, TOPICS_WAIT};
-use hookline_common::keyhash::{key_hash, partition_for};
-use hookline_common::topics::Topics;
 
 use crate::metrics::AttemptLogMetrics;
 
@@ -193,7 +193,7 @@ async fn write_loop(
         }
     }
     // Closed: flush on a plain thread, bounded (an unreachable cluster must not hang a stop).
-    hookline_common::closing::close("delivery log producer", move || {
+    hookline_common::kafka::closing::close("delivery log producer", move || {
         if let Err(e) = producer.flush(FLUSH_WAIT) {
             tracing::warn!(error = %e, "delivery log flush incomplete");
         }

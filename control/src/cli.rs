@@ -11,7 +11,7 @@ use std::time::Duration;
 use serde_json::json;
 
 use hookline_common::config::{Config, EndpointConfig};
-use hookline_common::delivery::now_ms;
+use hookline_common::contract::delivery::now_ms;
 
 use crate::crypto::Keyring;
 use crate::endpoint::{generate_secret, Endpoint};

@@ -20,7 +20,7 @@ use rand::RngCore as _;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest as _, Sha256};
 
-use hookline_common::control_config::{SECRETS_KEY_ENV, SECRETS_OLD_KEYS_ENV};
+use hookline_common::config::control::{SECRETS_KEY_ENV, SECRETS_OLD_KEYS_ENV};
 
 const B64: base64::engine::GeneralPurpose = base64::engine::general_purpose::STANDARD;
 

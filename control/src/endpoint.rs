@@ -519,7 +519,7 @@ mod tests {
         assert!(!format!("{:?}", e).contains("MfKQ9r8"));
         assert!(generate_secret().starts_with("whsec_"));
         assert_eq!(
-            hookline_common::secret::decode_secret(&generate_secret()).map(|b| b.len()),
+            hookline_common::contract::secret::decode_secret(&generate_secret()).map(|b| b.len()),
             Ok(32)
         );
     }

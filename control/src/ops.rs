@@ -250,7 +250,7 @@ impl Registry {
         }
         let grace = grace.unwrap_or(self.inner.config.control.secret_rotation_grace);
         let new = new.unwrap_or_else(crate::endpoint::generate_secret);
-        if let Err(reason) = hookline_common::secret::decode_secret(&new) {
+        if let Err(reason) = hookline_common::contract::secret::decode_secret(&new) {
             return Err(WriteError::Invalid(FieldError {
                 field: "secret".into(),
                 reason,

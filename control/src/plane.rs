@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use hookline_common::config::{Config, EndpointConfig};
-use hookline_common::delivery::now_ms;
+use hookline_common::contract::delivery::now_ms;
 use hookline_delivery::{AttemptEvent, AttemptObserver, EndpointsUpdater, LiveEndpoints};
 
 use crate::attempts::{bounded_error, Attempt, AttemptLog, Outcome};

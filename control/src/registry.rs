@@ -18,8 +18,8 @@ use rdkafka::message::Message as _;
 use tokio::sync::watch;
 
 use hookline_common::config::Config;
-use hookline_common::ops::StageProbe;
-use hookline_common::topics::Topics;
+use hookline_common::contract::topics::Topics;
+use hookline_common::runtime::ops::StageProbe;
 
 use crate::crypto::Keyring;
 use crate::endpoint::{Endpoint, EndpointSet};

@@ -1,7 +1,7 @@
 //! Tables and times for the control plane's command line (`endpoints list`, `trace`,
 //! `endpoints health`).
 
-pub use hookline_common::table::write_table;
+pub use hookline_common::runtime::table::write_table;
 
 /// RFC 3339 (UTC, milliseconds) of a unix-ms time; `-` for none.
 pub fn time(ms: Option<i64>) -> String {

@@ -10,8 +10,8 @@ use std::time::Duration;
 use rdkafka::message::Message as _;
 
 use hookline_common::config::Config;
+use hookline_common::contract::topics::Topics;
 use hookline_common::kafka::{require_topics, TOPICS_WAIT};
-use hookline_common::topics::Topics;
 
 use crate::attempts::{partition_of, Attempt};
 use crate::table::{time, write_table};

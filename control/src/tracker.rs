@@ -18,8 +18,8 @@ use rdkafka::message::{Headers as _, Message as _};
 use tokio::sync::watch;
 
 use hookline_common::config::Config;
-use hookline_common::delivery::{now_ms, ENDPOINT_ID};
-use hookline_common::topics::Topics;
+use hookline_common::contract::delivery::{now_ms, ENDPOINT_ID};
+use hookline_common::contract::topics::Topics;
 
 use crate::attempts::Attempt;
 use crate::health::{unknown, EndpointHealth, HealthReport, Window};

@@ -22,9 +22,9 @@ use anyhow::Context as _;
 use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
 
 use hookline_common::config::Config;
-use hookline_common::delivery::now_ms;
+use hookline_common::contract::delivery::now_ms;
+use hookline_common::contract::topics::Topics;
 use hookline_common::kafka::producer_config;
-use hookline_common::topics::Topics;
 
 use crate::endpoint::Endpoint;
 use crate::operational::OperationalEvent;

@@ -8,7 +8,7 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use hookline_common::keyhash::key_hash;
+use hookline_common::contract::keyhash::key_hash;
 use hookline_deduper::seen::SeenSet;
 
 const N: usize = 10_000_000;

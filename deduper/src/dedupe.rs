@@ -50,17 +50,17 @@ use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::{Offset, TopicPartitionList};
 
 use hookline_common::config::Config;
-use hookline_common::event_headers::EventHeaders;
+use hookline_common::contract::event_headers::EventHeaders;
+use hookline_common::contract::keyhash::key_hash;
+use hookline_common::contract::quarantine::{self, Source};
+use hookline_common::contract::topics::Topics;
+use hookline_common::kafka::produce::{classify, OwnedRecord, ProduceErrorClass, ProduceErrors};
+use hookline_common::kafka::recordsize::Limits;
 use hookline_common::kafka::{
     pipeline_consumer_config, producer_config, require_topics, TOPICS_WAIT,
 };
-use hookline_common::keyhash::key_hash;
-use hookline_common::ops::StageProbe;
-use hookline_common::produce::{classify, OwnedRecord, ProduceErrorClass, ProduceErrors};
-use hookline_common::quarantine::{self, Source};
-use hookline_common::recordsize::Limits;
-use hookline_common::shutdown::Shutdown;
-use hookline_common::topics::Topics;
+use hookline_common::runtime::ops::StageProbe;
+use hookline_common::runtime::shutdown::Shutdown;
 
 use crate::metrics::DedupeMetrics;
 use crate::rebalance::DedupeContext;
@@ -82,7 +82,7 @@ pub(crate) const TXN_CALL_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// The seen-set's coarse time: unix seconds (at least 1: 0 marks an empty slot).
 pub(crate) fn unix_secs() -> u32 {
-    u32::try_from(hookline_common::clock::now_secs())
+    u32::try_from(hookline_common::runtime::clock::now_secs())
         .unwrap_or(u32::MAX)
         .max(1)
 }
@@ -326,10 +326,10 @@ impl Core {
                 }
             }
             let dispatch = self.topics.dispatch();
-            let size = hookline_common::recordsize::record_bytes(
+            let size = hookline_common::kafka::recordsize::record_bytes(
                 msg.key().map_or(0, <[u8]>::len),
                 msg.payload().map_or(0, <[u8]>::len),
-                hookline_common::recordsize::headers_bytes(
+                hookline_common::kafka::recordsize::headers_bytes(
                     headers
                         .iter()
                         .map(|hd| (hd.key, hd.value.map_or(0, <[u8]>::len))),
@@ -576,7 +576,7 @@ fn run_blocking(
     // Leave the group cleanly; the revoke callback finds nothing left to commit (after an error,
     // it may not commit at all). With the cluster unreachable the close can block for good:
     // bounded, on a thread of its own.
-    hookline_common::closing::close_blocking("the stage B consumer", move || {
+    hookline_common::kafka::closing::close_blocking("the stage B consumer", move || {
         consumer.unsubscribe();
         drop(consumer);
     });

@@ -22,7 +22,7 @@ use rdkafka::bindings as rdsys;
 use rdkafka::message::BorrowedMessage;
 use rdkafka::types::RDKafkaErrorCode;
 
-use hookline_common::recordsize::HEADER_OVERHEAD;
+use hookline_common::kafka::recordsize::HEADER_OVERHEAD;
 
 /// Most headers a record may carry into the pipeline (all of them, `hookline-…` included).
 ///

@@ -25,8 +25,8 @@ pub mod watchdog;
 use std::sync::Arc;
 
 use hookline_common::config::Config;
-use hookline_common::ops::Readiness;
-use hookline_common::shutdown::Shutdown;
+use hookline_common::runtime::ops::Readiness;
+use hookline_common::runtime::shutdown::Shutdown;
 
 /// Runs every deduper stage until shutdown; the first stage to fail stops the process.
 pub async fn run(
@@ -38,7 +38,8 @@ pub async fn run(
     let probe_a = readiness.register(validate::STAGE);
     let probe_b = readiness.register(dedupe::STAGE);
     // One family for both stages: `hookline_deduper_produce_errors_total{class}`.
-    let produce_errors = hookline_common::produce::ProduceErrors::register(&registry, "deduper")?;
+    let produce_errors =
+        hookline_common::kafka::produce::ProduceErrors::register(&registry, "deduper")?;
     let a = async {
         let result = validate::run(
             config.clone(),

@@ -3,7 +3,7 @@
 
 use prometheus::{IntCounter, IntCounterVec, Opts, Registry};
 
-use hookline_common::envelope::{Invalid, InvalidReason};
+use hookline_common::contract::envelope::{Invalid, InvalidReason};
 
 /// Stage A (validation) counters.
 #[derive(Clone)]

@@ -13,8 +13,8 @@ use rdkafka::message::Message;
 use rdkafka::{Offset, TopicPartitionList};
 
 use hookline_common::config::Config;
+use hookline_common::contract::topics::Topics;
 use hookline_common::kafka::{base_config, retry_transient, EofQuietContext};
-use hookline_common::topics::Topics;
 
 use crate::dedupe::{unix_secs, STAGE};
 use crate::seen::SeenSet;

@@ -1,7 +1,7 @@
 //! The seen-set of one `<p>.dedupe` partition: which dedupe keys were first seen within the
 //! window, stored compactly.
 //!
-//! Each key is a 128-bit hash ([`hookline_common::keyhash::key_hash`]) and a first-seen time in
+//! Each key is a 128-bit hash ([`hookline_common::contract::keyhash::key_hash`]) and a first-seen time in
 //! whole seconds, in one open-addressing table of 16-byte slots (linear probing, grown ×2 past 3/4
 //! load): 96 bits of the hash are stored for equality and pick the slot (a false "seen" needs a
 //! 96-bit collision), a `u32` holds the time. That is 21–43 bytes per key depending on fill
@@ -185,7 +185,7 @@ impl SeenSet {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use hookline_common::keyhash::key_hash;
+    use hookline_common::contract::keyhash::key_hash;
 
     #[test]
     fn first_sighting_then_duplicate() {

@@ -13,8 +13,8 @@ use rdkafka::producer::{DefaultProducerContext, Producer, ThreadedProducer};
 use rdkafka::{Offset, TopicPartitionList};
 
 use hookline_common::config::Config;
+use hookline_common::kafka::produce::flush_acked;
 use hookline_common::kafka::{is_transient, retry_transient};
-use hookline_common::produce::flush_acked;
 
 use crate::dedupe::{Core, STAGE, TXN_CALL_TIMEOUT};
 use crate::rebalance::DedupeContext;
@@ -94,7 +94,7 @@ pub(crate) fn transactional_id(config: &Config) -> String {
         None => format!(
             "{group}.{}.{}",
             std::process::id(),
-            hookline_common::clock::now_ms()
+            hookline_common::runtime::clock::now_ms()
         ),
     }
 }
@@ -140,7 +140,7 @@ impl Core {
             .context("replacing the transactional producer")?;
         let old = std::mem::replace(&mut self.producer, fresh);
         // Fenced already; its close may wait on an unreachable broker: bounded, off this thread.
-        hookline_common::closing::close_blocking(
+        hookline_common::kafka::closing::close_blocking(
             "the replaced transactional producer",
             move || drop(old),
         );

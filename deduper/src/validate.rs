@@ -15,7 +15,7 @@
 //! `max.message.bytes` of every topic it may travel to (read from the broker at start), so every
 //! later hop fits by construction. Anything else is quarantined as `record_too_large` with
 //! bounded prefixes; a record Kafka still refuses for good is quarantined the same way. A
-//! record that can never be written never stops the stage (see `hookline_common::produce`).
+//! record that can never be written never stops the stage (see `hookline_common::kafka::produce`).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -30,16 +30,16 @@ use rdkafka::util::Timeout;
 use rdkafka::TopicPartitionList;
 
 use hookline_common::config::Config;
-use hookline_common::envelope::{Invalid, InvalidReason, Validator};
-use hookline_common::event_headers::EventHeaders;
+use hookline_common::contract::envelope::{Invalid, InvalidReason, Validator};
+use hookline_common::contract::event_headers::EventHeaders;
+use hookline_common::contract::keyhash::{key_hash, partition_for};
+use hookline_common::contract::quarantine::{self, Quarantine, Source};
+use hookline_common::contract::topics::Topics;
+use hookline_common::kafka::produce::{self, owned_headers, OwnedRecord, ProduceErrors, SendError};
+use hookline_common::kafka::recordsize::{self, Limits};
 use hookline_common::kafka::{pipeline_consumer_config, producer_config, AssignmentProbe};
-use hookline_common::keyhash::{key_hash, partition_for};
-use hookline_common::ops::StageProbe;
-use hookline_common::produce::{self, owned_headers, OwnedRecord, ProduceErrors, SendError};
-use hookline_common::quarantine::{self, Quarantine, Source};
-use hookline_common::recordsize::{self, Limits};
-use hookline_common::shutdown::Shutdown;
-use hookline_common::topics::Topics;
+use hookline_common::runtime::ops::StageProbe;
+use hookline_common::runtime::shutdown::Shutdown;
 
 use crate::headers;
 use crate::metrics::ValidateMetrics;
@@ -222,7 +222,7 @@ pub async fn run(
     }
     // The final commit, the flush and the close block their thread (the close can block for
     // good with the cluster unreachable): bounded, off the runtime.
-    hookline_common::closing::close("the events consumer", move || {
+    hookline_common::kafka::closing::close("the events consumer", move || {
         match consumer.commit_consumer_state(CommitMode::Sync) {
             Ok(())
             | Err(rdkafka::error::KafkaError::ConsumerCommit(
@@ -283,7 +283,7 @@ fn quarantine_record<M: Message>(
     let mut whole = quarantine.whole(invalid_topic, msg.key(), msg.payload(), copy.carried);
     if let Some(bytes) = copy.dropped_headers {
         whole.headers = whole.headers.insert(Header {
-            key: hookline_common::headers::ORIGINAL_HEADERS_BYTES,
+            key: hookline_common::contract::headers::ORIGINAL_HEADERS_BYTES,
             value: Some(bytes.to_string().as_bytes()),
         });
     }

@@ -25,11 +25,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use hookline_common::clock::now_ms;
-use hookline_common::delivery::{DeadReason, DeliveryMeta};
-use hookline_common::produce::WriteGate;
-use hookline_common::quarantine::Source;
-use hookline_common::topics::Topics;
+use hookline_common::contract::delivery::{DeadReason, DeliveryMeta};
+use hookline_common::contract::quarantine::Source;
+use hookline_common::contract::topics::Topics;
+use hookline_common::kafka::produce::WriteGate;
+use hookline_common::runtime::clock::now_ms;
 use tokio::sync::watch;
 
 use crate::endpoints::LiveEndpoints;

@@ -13,9 +13,9 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use hookline_common::config::glob::glob_match;
 use hookline_common::config::EndpointConfig;
-use hookline_common::delivery::{DeadReason, DeliveryMeta};
-use hookline_common::glob::glob_match;
+use hookline_common::contract::delivery::{DeadReason, DeliveryMeta};
 use tokio::sync::watch;
 
 /// The configured endpoints, indexed for fan-out and lookup by id.

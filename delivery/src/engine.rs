@@ -17,8 +17,8 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use hookline_common::clock::{now_ms, now_secs};
 use hookline_common::config::{EndpointConfig, HttpConfig};
+use hookline_common::runtime::clock::{now_ms, now_secs};
 use http::header::{HeaderValue, USER_AGENT};
 use http::{Method, Request};
 use prometheus::{IntGauge, Registry};

@@ -4,9 +4,9 @@ use super::*;
 use crate::metrics::{AttemptMetrics, ATTEMPTS_TOTAL, ATTEMPT_DURATION, INFLIGHT_REQUESTS};
 use crate::outcome::AttemptOutcome;
 use crate::signing;
-use hookline_common::clock::now_secs as unix_secs_now;
 use hookline_common::config::{EndpointUrl, Secret};
-use hookline_common::secret::decode_secret;
+use hookline_common::contract::secret::decode_secret;
+use hookline_common::runtime::clock::now_secs as unix_secs_now;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 

@@ -16,9 +16,9 @@
 
 use std::time::Duration;
 
-use hookline_common::clock::now_ms;
-use hookline_common::delivery::{self, AttemptRecord, DeadReason, DeliveryMeta};
-use hookline_common::topics::Topics;
+use hookline_common::contract::delivery::{self, AttemptRecord, DeadReason, DeliveryMeta};
+use hookline_common::contract::topics::Topics;
+use hookline_common::runtime::clock::now_ms;
 
 use crate::outcome::{attempt_record, AttemptOutcome};
 

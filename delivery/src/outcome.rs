@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use hookline_common::delivery::AttemptRecord;
+use hookline_common::contract::delivery::AttemptRecord;
 
 /// What one delivery attempt did.
 #[derive(Debug, Clone, PartialEq, Eq)]

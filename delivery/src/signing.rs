@@ -13,7 +13,7 @@ type HmacSha256 = Hmac<Sha256>;
 
 /// The `webhook-signature` header value: one `v1,<base64>` per key, space-separated.
 ///
-/// Keys are the decoded secret bytes (see `hookline_common::secret::decode_secret`). An empty
+/// Keys are the decoded secret bytes (see `hookline_common::contract::secret::decode_secret`). An empty
 /// `keys` gives an empty string; callers omit the header then.
 pub fn sign(keys: &[impl AsRef<[u8]>], msg_id: &str, timestamp: i64, body: &[u8]) -> String {
     let timestamp = timestamp.to_string();
@@ -63,7 +63,7 @@ fn mac_of(key: &[u8], msg_id: &str, timestamp: &str, body: &[u8]) -> Option<Hmac
 #[cfg(test)]
 mod tests {
     use super::*;
-    use hookline_common::secret::decode_secret;
+    use hookline_common::contract::secret::decode_secret;
 
     // The published Standard Webhooks reference vector.
     const SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";

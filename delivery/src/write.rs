@@ -13,7 +13,7 @@
 //!    `record_too_large` with bounded prefixes, the delivery headers and the original sizes;
 //! 4. refused even so: logged and counted as dropped (`…_handoffs_total{target="dropped"}`).
 //!
-//! Transient produce errors are retried (see `hookline_common::produce`); only a fatal one is an
+//! Transient produce errors are retried (see `hookline_common::kafka::produce`); only a fatal one is an
 //! error, and shutdown during a retry abandons the write (the input offset is not stored).
 //!
 //! An unreadable record ([`HopWriter::park`], a tier record without delivery metadata) is parked
@@ -22,7 +22,7 @@
 //!
 //! Every write, fallbacks and retries included, goes through the caller's [`WriteGate`]: the
 //! ownership claim of the partition the work came from (dispatcher, tiers), so work of a revoked
-//! partition never writes ([`HopError::Revoked`]), or [`Ungated`](hookline_common::produce::Ungated)
+//! partition never writes ([`HopError::Revoked`]), or [`Ungated`](hookline_common::kafka::produce::Ungated)
 //! for replay.
 
 use std::sync::Arc;
@@ -30,12 +30,12 @@ use std::sync::Arc;
 use rdkafka::message::Headers;
 use rdkafka::producer::FutureProducer;
 
-use hookline_common::delivery::{DeadReason, DeliveryMeta};
-use hookline_common::produce::{self, OwnedRecord, ProduceErrors, SendError, WriteGate};
-use hookline_common::quarantine::{self, Source};
-use hookline_common::recordsize::Limits;
-use hookline_common::shutdown::Shutdown;
-use hookline_common::topics::Topics;
+use hookline_common::contract::delivery::{DeadReason, DeliveryMeta};
+use hookline_common::contract::quarantine::{self, Source};
+use hookline_common::contract::topics::Topics;
+use hookline_common::kafka::produce::{self, OwnedRecord, ProduceErrors, SendError, WriteGate};
+use hookline_common::kafka::recordsize::Limits;
+use hookline_common::runtime::shutdown::Shutdown;
 
 use crate::hop;
 

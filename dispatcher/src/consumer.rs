@@ -66,14 +66,14 @@ use tokio::task::JoinSet;
 use tracing::{debug, info, warn};
 
 use hookline_common::config::Config;
-use hookline_common::event_headers::EventHeaders;
+use hookline_common::contract::event_headers::EventHeaders;
+use hookline_common::contract::quarantine::{self, Quarantine, Source};
+use hookline_common::contract::topics::Topics;
+use hookline_common::kafka::produce::{OwnedRecord, ProduceErrors};
+use hookline_common::kafka::rebalance::{self, Rebalanced};
 use hookline_common::kafka::{pipeline_consumer_config, producer_config};
-use hookline_common::ops::StageProbe;
-use hookline_common::produce::{OwnedRecord, ProduceErrors};
-use hookline_common::quarantine::{self, Quarantine, Source};
-use hookline_common::rebalance::{self, Rebalanced};
-use hookline_common::shutdown::Shutdown;
-use hookline_common::topics::Topics;
+use hookline_common::runtime::ops::StageProbe;
+use hookline_common::runtime::shutdown::Shutdown;
 
 use hookline_delivery::{AttemptMetrics, DeliveryPath, Engine, HopWriter};
 
@@ -376,7 +376,7 @@ fn reap(joined: Result<(), tokio::task::JoinError>) -> anyhow::Result<()> {
 /// The final offset commit (after a clean drain), the producer flush and the consumer close, on a
 /// thread of their own and bounded in time.
 async fn close(dispatcher: Arc<Dispatcher>, clean: bool) {
-    hookline_common::closing::close("the dispatcher's consumer and producer", move || {
+    hookline_common::kafka::closing::close("the dispatcher's consumer and producer", move || {
         if clean {
             match rebalance::commit(&dispatcher.consumer) {
                 Ok(()) => info!("offsets committed"),

@@ -11,12 +11,12 @@ use bytes::Bytes;
 use tokio::sync::watch;
 use tracing::{debug, warn};
 
-use hookline_common::clock::now_ms;
 use hookline_common::config::EndpointConfig;
-use hookline_common::delivery::DeliveryMeta;
-use hookline_common::ownership::Claim;
-use hookline_common::produce::OwnedRecord;
-use hookline_common::quarantine::Source;
+use hookline_common::contract::delivery::DeliveryMeta;
+use hookline_common::contract::quarantine::Source;
+use hookline_common::kafka::ownership::Claim;
+use hookline_common::kafka::produce::OwnedRecord;
+use hookline_common::runtime::clock::now_ms;
 use hookline_delivery::{Delivery, Hop, HopError, Next, Origin, Report, Turn, Why, Written};
 
 use crate::consumer::Dispatcher;

@@ -10,7 +10,7 @@
 //!   held records, pauses), pure logic with unit tests.
 //! - `partitions`: that state shared by the loop, the delivery tasks and the callbacks, applied
 //!   to the consumer (offsets stored, partitions paused and resumed).
-//! - `rebalance`: the consumer's rebalance callbacks (`hookline_common::rebalance`).
+//! - `rebalance`: the consumer's rebalance callbacks (`hookline_common::kafka::rebalance`).
 //! - `metrics`: Prometheus metrics of the stage (`hookline_dispatcher_*`); attempts are counted
 //!   by the delivery path (`hookline_delivery_*{stage="dispatcher"}`).
 
@@ -24,8 +24,8 @@ mod window;
 use std::sync::Arc;
 
 use hookline_common::config::Config;
-use hookline_common::ops::Readiness;
-use hookline_common::shutdown::Shutdown;
+use hookline_common::runtime::ops::Readiness;
+use hookline_common::runtime::shutdown::Shutdown;
 use hookline_control::Plane;
 
 /// Runs the dispatcher stage until shutdown (SIGTERM: drain, commit, `Ok`). An error means the

@@ -16,9 +16,9 @@ use rdkafka::message::OwnedMessage;
 use rdkafka::{Offset, TopicPartitionList};
 use tracing::{debug, warn};
 
-use hookline_common::ownership::Ownership;
+use hookline_common::kafka::ownership::Ownership;
 #[cfg(test)]
-use hookline_common::rebalance::{self, Revoked, Waits};
+use hookline_common::kafka::rebalance::{self, Revoked, Waits};
 
 use crate::window::{Begin, PartitionWindows};
 

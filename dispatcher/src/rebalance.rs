@@ -1,5 +1,5 @@
 //! The dispatcher's rebalance callbacks, the way every consumer stage handles rebalances
-//! (`hookline_common::rebalance`): they run inside the consumer loop's `recv()` (on its thread)
+//! (`hookline_common::kafka::rebalance`): they run inside the consumer loop's `recv()` (on its thread)
 //! and stay short; only a revoke blocks, a bounded time, after moving off the async runtime's
 //! worker slot.
 //!
@@ -21,8 +21,8 @@ use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext, Rebalance};
 use rdkafka::TopicPartitionList;
 use tracing::{info, warn};
 
-use hookline_common::ops::StageProbe;
-use hookline_common::rebalance::{self, Inbox, Rebalanced, Waits};
+use hookline_common::kafka::rebalance::{self, Inbox, Rebalanced, Waits};
+use hookline_common::runtime::ops::StageProbe;
 
 use crate::partitions::Partitions;
 

@@ -26,7 +26,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::time::{Duration, Instant};
 
-use hookline_common::progress::{PartitionProgress, Progress};
+use hookline_common::kafka::progress::{PartitionProgress, Progress};
 
 /// A partition that received a record (or was assigned) this recently may have more records
 /// queued behind a full partition's batch in librdkafka's single consumer queue.

@@ -7,7 +7,7 @@
 //! checked by the same [`Validator`] as stage A, so ingest accepts exactly what the pipeline
 //! delivers.
 
-use hookline_common::envelope::{Invalid, InvalidReason, ValidEvent, Validator};
+use hookline_common::contract::envelope::{Invalid, InvalidReason, ValidEvent, Validator};
 use serde_json::Value;
 
 /// What a body says of itself before completion.
@@ -39,7 +39,7 @@ pub struct BadBody {
 pub fn shape(body: &[u8]) -> Result<Shape, BadBody> {
     // The envelope parser's reading (serde_json's raw-value token is a plain key), so ingest and
     // stage A agree on what the body holds.
-    let value = hookline_common::envelope::parse_plain(body).map_err(|e| BadBody {
+    let value = hookline_common::contract::envelope::parse_plain(body).map_err(|e| BadBody {
         field: "body".into(),
         message: format!("the body is not JSON: {e} (send a JSON object with `type` and `data`)"),
         too_large: false,

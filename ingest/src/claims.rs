@@ -22,8 +22,8 @@ use std::time::Duration;
 use anyhow::Context as _;
 use futures::StreamExt as _;
 use hookline_common::config::Config;
+use hookline_common::contract::topics::Topics;
 use hookline_common::kafka::{base_config, retry_transient};
-use hookline_common::topics::Topics;
 use prometheus::{IntCounter, IntGauge, Registry};
 use rdkafka::consumer::{Consumer, StreamConsumer};
 use rdkafka::producer::{FutureProducer, FutureRecord};
@@ -257,7 +257,7 @@ fn start_positions(
 ) -> anyhow::Result<(TopicPartitionList, Positions, Positions)> {
     let timeout = Duration::from_secs(10);
     let partitions = hookline_common::kafka::topic_partitions(consumer.client(), topic, timeout)?;
-    let since = hookline_common::clock::now_ms() - window.as_millis() as i64;
+    let since = hookline_common::runtime::clock::now_ms() - window.as_millis() as i64;
     let mut query = TopicPartitionList::new();
     for p in &partitions {
         query.add_partition_offset(topic, *p, Offset::Offset(since))?;
@@ -330,7 +330,7 @@ async fn tail(
 
 /// Records a key's first claim; forgets keys past the window, and the oldest past the cap.
 fn insert(ix: &mut Index, hash: KeyHash, fingerprint: u64, at_s: u32, limits: &Limits) {
-    let now_s = hookline_common::clock::now_secs() as u32;
+    let now_s = hookline_common::runtime::clock::now_secs() as u32;
     let horizon = now_s.saturating_sub(limits.window.as_secs() as u32);
     if at_s < horizon {
         return;
@@ -366,7 +366,7 @@ mod tests {
     }
 
     fn now_s() -> u32 {
-        hookline_common::clock::now_secs() as u32
+        hookline_common::runtime::clock::now_secs() as u32
     }
 
     #[test]

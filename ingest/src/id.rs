@@ -92,7 +92,7 @@ mod tests {
         use std::collections::HashMap;
 
         use hookline_common::config::InputConfig;
-        use hookline_common::envelope::Validator;
+        use hookline_common::contract::envelope::Validator;
         use hookline_fuzzing::{arbitrary, Unstructured};
 
         use super::super::*;

@@ -19,10 +19,10 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 use hookline_common::config::Config;
-use hookline_common::envelope::Validator;
+use hookline_common::contract::envelope::Validator;
+use hookline_common::contract::topics::Topics;
+use hookline_common::kafka::produce::{classify, ProduceErrorClass};
 use hookline_common::kafka::producer_config;
-use hookline_common::produce::{classify, ProduceErrorClass};
-use hookline_common::topics::Topics;
 use prometheus::{HistogramOpts, HistogramVec, IntCounterVec, Opts, Registry};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::util::Timeout;

@@ -25,11 +25,11 @@ use rdkafka::producer::FutureProducer;
 use tokio::sync::watch;
 
 use hookline_common::config::Config;
-use hookline_common::delivery::{DeadReason, DeliveryMeta};
-use hookline_common::ownership::{Claim, Ownership};
-use hookline_common::produce::{OwnedRecord, WriteGate};
-use hookline_common::quarantine::{Quarantine, Source};
-use hookline_common::topics::Topics;
+use hookline_common::contract::delivery::{DeadReason, DeliveryMeta};
+use hookline_common::contract::quarantine::{Quarantine, Source};
+use hookline_common::contract::topics::Topics;
+use hookline_common::kafka::ownership::{Claim, Ownership};
+use hookline_common::kafka::produce::{OwnedRecord, WriteGate};
 use hookline_delivery::{Delivery, DeliveryPath, Hop, HopError, Next, Origin, Turn, Why, Written};
 
 use crate::metrics::TierMetrics;
@@ -234,7 +234,7 @@ fn parked(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use hookline_common::headers as h;
+    use hookline_common::contract::headers as h;
     use rdkafka::message::{Header, OwnedHeaders, OwnedMessage};
     use rdkafka::Timestamp;
 

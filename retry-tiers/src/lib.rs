@@ -7,7 +7,7 @@
 //!   per tier; waits for each record's due time without sleeping in the poll loop, attempts due
 //!   records concurrently through the shared delivery path (`hookline-delivery`), which hands
 //!   failures to the next tier or `<p>.dlq`.
-//! - `rebalance`: a tier consumer's rebalance callbacks (`hookline_common::rebalance`).
+//! - `rebalance`: a tier consumer's rebalance callbacks (`hookline_common::kafka::rebalance`).
 //! - `waiting`: per-partition bookkeeping of a tier worker (held records, head barrier, pause
 //!   decisions, contiguous completed offsets), pure logic.
 //! - `attempt`: one due record — decoded and given to the delivery path, or parked on
@@ -34,11 +34,11 @@ use rdkafka::util::Timeout;
 use tokio::task::JoinSet;
 
 use hookline_common::config::{tier_name, Config};
+use hookline_common::contract::topics::Topics;
+use hookline_common::kafka::produce::ProduceErrors;
 use hookline_common::kafka::producer_config;
-use hookline_common::ops::{Readiness, StageProbe};
-use hookline_common::produce::ProduceErrors;
-use hookline_common::shutdown::Shutdown;
-use hookline_common::topics::Topics;
+use hookline_common::runtime::ops::{Readiness, StageProbe};
+use hookline_common::runtime::shutdown::Shutdown;
 use hookline_control::Plane;
 use hookline_delivery::{DeliveryPath, Engine, HopWriter};
 

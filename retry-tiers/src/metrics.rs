@@ -14,7 +14,7 @@ use prometheus::{
     Registry,
 };
 
-use hookline_common::delivery::{DeadReason, DeliveryMeta};
+use hookline_common::contract::delivery::{DeadReason, DeliveryMeta};
 use hookline_delivery::{AttemptMetrics, AttemptOutcome, Written};
 
 /// What a tier worker did with one record (the `outcome` label).

@@ -1,5 +1,5 @@
 //! A tier worker's rebalance callbacks, the way every consumer stage handles rebalances
-//! (`hookline_common::rebalance`): they run inside `recv()` on the loop's task and post what
+//! (`hookline_common::kafka::rebalance`): they run inside `recv()` on the loop's task and post what
 //! changed for the loop, which applies it right after `recv()` returns. Only a revoke blocks, a
 //! bounded time, off the async runtime's worker slot.
 //!
@@ -20,9 +20,9 @@ use rdkafka::client::ClientContext;
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext, Rebalance};
 use rdkafka::{Offset, TopicPartitionList};
 
-use hookline_common::ops::StageProbe;
-use hookline_common::ownership::Ownership;
-use hookline_common::rebalance::{self, Inbox, Rebalanced, Waits};
+use hookline_common::kafka::ownership::Ownership;
+use hookline_common::kafka::rebalance::{self, Inbox, Rebalanced, Waits};
+use hookline_common::runtime::ops::StageProbe;
 
 use crate::tier::Completion;
 

@@ -25,9 +25,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use hookline_common::ownership::Ownership;
-use hookline_common::progress::PartitionProgress;
-use hookline_common::rebalance::{self, Inbox, Rebalanced};
+use hookline_common::kafka::ownership::Ownership;
+use hookline_common::kafka::progress::PartitionProgress;
+use hookline_common::kafka::rebalance::{self, Inbox, Rebalanced};
 
 use anyhow::Context as _;
 use rdkafka::consumer::{Consumer, StreamConsumer};
@@ -38,10 +38,10 @@ use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
-use hookline_common::clock::now_ms;
 use hookline_common::kafka::consumer_config;
-use hookline_common::ops::StageProbe;
-use hookline_common::shutdown::Shutdown;
+use hookline_common::runtime::clock::now_ms;
+use hookline_common::runtime::ops::StageProbe;
+use hookline_common::runtime::shutdown::Shutdown;
 use hookline_delivery::HopError;
 
 use crate::attempt::{self, Finished, Gate, Pending, Stage};
@@ -49,7 +49,7 @@ use crate::due::DueBound;
 use crate::metrics::TierMetrics;
 use crate::rebalance::{TierContext, REVOKE_WAIT_CAP};
 use crate::waiting::{PartitionWaiting, LOOKAHEAD_MS};
-use hookline_common::quarantine::Source;
+use hookline_common::contract::quarantine::Source;
 
 /// Longest the loop goes without polling the consumer (rebalance callbacks, liveness).
 pub(crate) const TICK: Duration = Duration::from_millis(500);
@@ -178,7 +178,7 @@ pub(crate) async fn run(
     // A sync commit and the consumer's close block their thread (the close can block for good
     // with the cluster unreachable): bounded, off the runtime.
     let tier_name = tier.clone();
-    hookline_common::closing::close("a tier consumer", move || {
+    hookline_common::kafka::closing::close("a tier consumer", move || {
         if let Err(e) = rebalance::commit(&consumer) {
             tracing::warn!(
                 tier = %tier_name,

@@ -18,7 +18,7 @@
 
 use std::collections::VecDeque;
 
-use hookline_common::progress::PartitionProgress;
+use hookline_common::kafka::progress::PartitionProgress;
 
 /// How long before the head is due a paused partition is resumed.
 pub(crate) const LOOKAHEAD_MS: i64 = 1_000;

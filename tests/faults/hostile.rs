@@ -10,10 +10,10 @@
 //! and the process's peak RSS.
 //!
 //! What decides a record's fate, in stage A's order (deduper/src/validate.rs):
-//! 1. admission (common/src/recordsize.rs): a key over `input.max_key_bytes` (16 KiB), or key +
+//! 1. admission (common/src/kafka/recordsize.rs): a key over `input.max_key_bytes` (16 KiB), or key +
 //!    value + producer headers + `HEADER_RESERVE` (32 KiB) over the smallest `max.message.bytes`
 //!    on the record's way (5 MiB, set on every topic by `topics apply`) → `record_too_large`;
-//! 2. the envelope (common/src/envelope.rs): a value over `input.max_payload_bytes` (512 KiB) →
+//! 2. the envelope (common/src/contract/envelope.rs): a value over `input.max_payload_bytes` (512 KiB) →
 //!    `payload_too_large` before any parsing; then `not_json` (not UTF-8, not JSON, nesting past
 //!    serde_json's 127 levels, numbers out of range), `not_object`, `missing_id`, `bad_id` (not a
 //!    string, empty, over 256 bytes, anything but printable ASCII without `.`: the id becomes the
@@ -42,10 +42,10 @@ use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::types::RDKafkaErrorCode;
 
 use hookline_common::config::InputConfig;
-use hookline_common::envelope::{MAX_ID_BYTES, MAX_NAME_BYTES};
-use hookline_common::headers as h;
-use hookline_common::recordsize::{headers_bytes, record_bytes, HEADER_RESERVE};
-use hookline_common::topics::MAX_MESSAGE_BYTES;
+use hookline_common::contract::envelope::{MAX_ID_BYTES, MAX_NAME_BYTES};
+use hookline_common::contract::headers as h;
+use hookline_common::contract::topics::MAX_MESSAGE_BYTES;
+use hookline_common::kafka::recordsize::{headers_bytes, record_bytes, HEADER_RESERVE};
 
 use crate::harness;
 use crate::ledger;
@@ -1776,7 +1776,7 @@ fn hostile_input_at_scale_is_quarantined_while_throughput_holds() {
 #[test]
 fn hostile_expectations_match_stage_a_offline() {
     let input = InputConfig::default();
-    let validator = hookline_common::envelope::Validator::new(&input, &[]);
+    let validator = hookline_common::contract::envelope::Validator::new(&input, &[]);
     let hostile = generate("t-offline", 1);
     let mut wrong = Vec::new();
     for x in &hostile {
@@ -1789,7 +1789,7 @@ fn hostile_expectations_match_stage_a_offline() {
         );
         let bad_headers = x.raw_header_name.is_some()
             || rec.headers.len() > hookline_deduper::headers::MAX_HEADERS;
-        let verdict = hookline_common::recordsize::admit(
+        let verdict = hookline_common::kafka::recordsize::admit(
             rec.key.len(),
             rec.value.len(),
             carried,

@@ -14,8 +14,8 @@ use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 
 use hookline_common::config::Config;
-use hookline_common::ops::StageProbe;
-use hookline_common::shutdown;
+use hookline_common::runtime::ops::StageProbe;
+use hookline_common::runtime::shutdown;
 
 use crate::harness::*;
 use crate::receiver::{Behavior, Receiver};

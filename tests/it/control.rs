@@ -6,7 +6,7 @@
 use std::time::{Duration, Instant};
 
 use hookline_common::config::{Config, EndpointConfig};
-use hookline_common::delivery::now_ms;
+use hookline_common::contract::delivery::now_ms;
 use hookline_control::attempts::{Attempt, AttemptLog, Outcome};
 use hookline_control::trace::trace;
 use hookline_control::tracker::Health;
@@ -583,7 +583,7 @@ async fn endpoints_cli_manages_the_registry_against_kafka() {
         .find_map(|l| l.strip_prefix("secret: "))
         .expect("the generated secret is shown once")
         .to_string();
-    assert!(hookline_common::secret::decode_secret(&secret).is_ok());
+    assert!(hookline_common::contract::secret::decode_secret(&secret).is_ok());
 
     let list = run(&["endpoints", "list"]);
     assert!(

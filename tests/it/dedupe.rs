@@ -11,7 +11,7 @@ use rand::{Rng, SeedableRng};
 use rdkafka::message::{Message, OwnedMessage};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 
-use hookline_common::headers as h;
+use hookline_common::contract::headers as h;
 
 use crate::harness::*;
 
@@ -508,7 +508,10 @@ async fn aborted_transactions_rewind_and_recover_exactly_once() {
     });
     assert_eq!(invalid.len(), 1, "the oversized record is quarantined once");
     assert_eq!(
-        header(&invalid[0], hookline_common::headers::INVALID_REASON),
+        header(
+            &invalid[0],
+            hookline_common::contract::headers::INVALID_REASON
+        ),
         Some("record_too_large")
     );
     running.stop().await.expect("clean stop");

@@ -8,7 +8,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use rdkafka::message::Message;
 
-use hookline_common::secret::decode_secret;
+use hookline_common::contract::secret::decode_secret;
 use hookline_delivery::signing;
 
 use crate::harness::{

@@ -16,8 +16,8 @@ use tokio_rustls::rustls;
 use tokio_rustls::rustls::pki_types::pem::PemObject as _;
 use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer};
 
-use hookline_common::delivery::HISTORY;
-use hookline_common::headers as h;
+use hookline_common::contract::delivery::HISTORY;
+use hookline_common::contract::headers as h;
 
 use crate::harness::*;
 

@@ -17,8 +17,8 @@ use rdkafka::producer::FutureProducer;
 use sha2::Sha256;
 
 use hookline_common::config::Config;
-use hookline_common::delivery::{self as d, AttemptRecord};
-use hookline_common::headers as h;
+use hookline_common::contract::delivery::{self as d, AttemptRecord};
+use hookline_common::contract::headers as h;
 
 use crate::harness::*;
 use crate::receiver::{Behavior, Receiver, Recorded};

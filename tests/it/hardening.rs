@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use hookline_common::headers as h;
+use hookline_common::contract::headers as h;
 
 use crate::harness::*;
 
@@ -138,7 +138,7 @@ async fn topics_apply_sets_min_insync_replicas_and_reports_drift() {
     let report = hookline_common::kafka::apply_topics(&config, std::time::Duration::from_secs(30))
         .await
         .expect("apply");
-    for spec in hookline_common::topics::plan(&config) {
+    for spec in hookline_common::contract::topics::plan(&config) {
         if spec.name == dlq {
             continue;
         }

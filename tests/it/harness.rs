@@ -17,8 +17,8 @@ use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::TopicPartitionList;
 
 use hookline_common::config::Config;
-use hookline_common::ops::Readiness;
-use hookline_common::shutdown::{self, ShutdownTrigger};
+use hookline_common::runtime::ops::Readiness;
+use hookline_common::runtime::shutdown::{self, ShutdownTrigger};
 
 pub fn bootstrap() -> String {
     std::env::var("HOOKLINE_TEST_KAFKA").unwrap_or_else(|_| "127.0.0.1:9092".into())

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use rdkafka::message::OwnedMessage;
 use rdkafka::producer::FutureProducer;
 
-use hookline_common::headers as h;
+use hookline_common::contract::headers as h;
 
 use crate::harness::*;
 use crate::receiver::{Behavior, Receiver, Recorded};
@@ -126,7 +126,7 @@ async fn a_hanging_endpoint_costs_only_itself() {
     // the hanging endpoint. Counted from the tier below and printed.
     let fast_deferred = |tier: &[OwnedMessage]| {
         tier.iter()
-            .filter(|m| header(m, hookline_common::delivery::ENDPOINT_ID) == Some("fast"))
+            .filter(|m| header(m, hookline_common::contract::delivery::ENDPOINT_ID) == Some("fast"))
             .count()
     };
     let mut ids: BTreeMap<&str, usize> = BTreeMap::new();
@@ -157,8 +157,9 @@ async fn a_hanging_endpoint_costs_only_itself() {
     // Stopping cuts the 4 hanging attempts short: they are handed off as timeouts (attempt 2);
     // every other delivery to `hang` was deferred (attempt 1 not made) onto the first tier.
     run.running.stop().await.expect("clean stop");
-    let is_hang =
-        |m: &OwnedMessage| header(m, hookline_common::delivery::ENDPOINT_ID) == Some("hang");
+    let is_hang = |m: &OwnedMessage| {
+        header(m, hookline_common::contract::delivery::ENDPOINT_ID) == Some("hang")
+    };
     let all = read_until(
         &format!("{}.retry.1m", run.prefix),
         Duration::from_secs(60),
@@ -181,7 +182,7 @@ async fn a_hanging_endpoint_costs_only_itself() {
     let mut deferrals = 0;
     for m in &tier {
         assert_eq!(
-            header(m, hookline_common::delivery::ENDPOINT_ID),
+            header(m, hookline_common::contract::delivery::ENDPOINT_ID),
             Some("hang")
         );
         *events

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 
 use hookline_common::config::Config;
-use hookline_common::secret::decode_secret;
+use hookline_common::contract::secret::decode_secret;
 use hookline_control::{Keyring, Plane};
 use hookline_delivery::signing::verify;
 

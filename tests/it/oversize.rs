@@ -16,8 +16,8 @@ use rdkafka::message::Message;
 use rdkafka::producer::FutureProducer;
 
 use hookline_common::config::Config;
-use hookline_common::delivery as d;
-use hookline_common::headers as h;
+use hookline_common::contract::delivery as d;
+use hookline_common::contract::headers as h;
 
 use crate::harness::*;
 use crate::receiver::{Behavior, Receiver};
@@ -39,7 +39,7 @@ fn zstd_producer() -> FutureProducer {
 /// Sets `max.message.bytes` of one topic of the plan, keeping the plan's other configs (the
 /// legacy AlterConfigs call replaces the whole set).
 async fn set_max_message_bytes(config: &Config, topic: &str, bytes: usize) {
-    let spec = hookline_common::topics::plan(config)
+    let spec = hookline_common::contract::topics::plan(config)
         .into_iter()
         .find(|s| s.name == topic)
         .expect("topic in the plan");

@@ -6,9 +6,9 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use hookline_common::delivery::DeliveryMeta;
-use hookline_common::headers as h;
-use hookline_common::secret::decode_secret;
+use hookline_common::contract::delivery::DeliveryMeta;
+use hookline_common::contract::headers as h;
+use hookline_common::contract::secret::decode_secret;
 use hookline_delivery::signing::verify;
 
 use crate::harness::*;

@@ -8,9 +8,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use hookline_common::config::Config;
-use hookline_common::headers as h;
-use hookline_common::ops::Readiness;
-use hookline_common::shutdown;
+use hookline_common::contract::headers as h;
+use hookline_common::runtime::ops::Readiness;
+use hookline_common::runtime::shutdown;
 
 use crate::harness::*;
 use crate::receiver::{Behavior, Receiver};

@@ -18,9 +18,9 @@ use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::TopicPartitionList;
 
 use hookline_common::config::Config;
-use hookline_common::headers as h;
-use hookline_common::ops::{self, Readiness};
-use hookline_common::shutdown;
+use hookline_common::contract::headers as h;
+use hookline_common::runtime::ops::{self, Readiness};
+use hookline_common::runtime::shutdown;
 
 use crate::harness::*;
 

@@ -18,12 +18,12 @@ use rdkafka::producer::FutureProducer;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use hookline_common::config::Config;
-use hookline_common::delivery::{now_ms, AttemptRecord, DeadReason, DeliveryMeta};
-use hookline_common::headers as h;
-use hookline_common::ops::Readiness;
-use hookline_common::secret::decode_secret;
-use hookline_common::shutdown;
-use hookline_common::topics::Topics;
+use hookline_common::contract::delivery::{now_ms, AttemptRecord, DeadReason, DeliveryMeta};
+use hookline_common::contract::headers as h;
+use hookline_common::contract::secret::decode_secret;
+use hookline_common::contract::topics::Topics;
+use hookline_common::runtime::ops::Readiness;
+use hookline_common::runtime::shutdown;
 use hookline_delivery::hop::{self, Hop};
 use hookline_delivery::{signing, Endpoints, Engine};
 

@@ -14,10 +14,10 @@ use rdkafka::message::{Message, OwnedMessage};
 use rdkafka::producer::FutureProducer;
 
 use hookline_common::config::Config;
-use hookline_common::delivery::{now_ms, AttemptRecord, DeliveryMeta};
-use hookline_common::headers as h;
-use hookline_common::ops::Readiness;
-use hookline_common::shutdown;
+use hookline_common::contract::delivery::{now_ms, AttemptRecord, DeliveryMeta};
+use hookline_common::contract::headers as h;
+use hookline_common::runtime::ops::Readiness;
+use hookline_common::runtime::shutdown;
 
 use crate::harness::*;
 use crate::receiver::{Behavior, Receiver, Recorded};
@@ -542,7 +542,7 @@ async fn replay_skips_unsubscribed_endpoints_and_exits_non_zero_unless_all_deliv
         ("evt-moved", "ep-moved"),
     ] {
         let mut meta = waiting(id, ep, Some("acme"), 3, t, t);
-        meta.dead_reason = Some(hookline_common::delivery::DeadReason::Exhausted);
+        meta.dead_reason = Some(hookline_common::contract::delivery::DeadReason::Exhausted);
         meta.dead_at_ms = Some(t + 2_000);
         put(&p, &dlq, 0, &meta).await;
     }

@@ -7,8 +7,8 @@ use std::time::Duration;
 use rdkafka::admin::{NewTopic, ResourceSpecifier, TopicReplication};
 use rdkafka::consumer::{BaseConsumer, Consumer};
 
+use hookline_common::contract::topics::plan;
 use hookline_common::kafka::apply_topics;
-use hookline_common::topics::plan;
 
 use crate::harness::*;
 

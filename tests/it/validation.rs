@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use rdkafka::message::{Headers, Message};
 
-use hookline_common::headers as h;
-use hookline_common::keyhash::{key_hash, partition_for};
+use hookline_common::contract::headers as h;
+use hookline_common::contract::keyhash::{key_hash, partition_for};
 
 use crate::harness::*;
 

@@ -3,7 +3,7 @@
 //!
 //! A dead letter is the delivery record as it was when it died: value = the producer's event
 //! bytes, key = the original key, headers = the delivery metadata (endpoint, event id/type/tenant,
-//! every attempt, dead reason and time; see `hookline_common::delivery`).
+//! every attempt, dead reason and time; see `hookline_common::contract::delivery`).
 
 use std::collections::HashMap;
 use std::io::Write;
@@ -14,11 +14,11 @@ use bytes::Bytes;
 use rdkafka::message::{Headers, Message, OwnedMessage};
 use serde_json::{json, Value};
 
+use hookline_common::config::glob::glob_match;
 use hookline_common::config::Config;
-use hookline_common::delivery::{self, DeliveryMeta};
-use hookline_common::glob::glob_match;
-use hookline_common::replays::ReplayRecord;
-use hookline_common::topics::Topics;
+use hookline_common::contract::delivery::{self, DeliveryMeta};
+use hookline_common::contract::replays::ReplayRecord;
+use hookline_common::contract::topics::Topics;
 
 use crate::read::{Range, TopicReader};
 
@@ -267,7 +267,7 @@ pub async fn list(
             "ATTEMPTS",
             "LAST ERROR",
         ];
-        hookline_common::table::write_table(out, &header, &rows)?;
+        hookline_common::runtime::table::write_table(out, &header, &rows)?;
         writeln!(out, "{count} dead deliveries")?;
     }
     Ok(count)
@@ -486,7 +486,7 @@ pub async fn show(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use hookline_common::delivery::{AttemptRecord, DeadReason};
+    use hookline_common::contract::delivery::{AttemptRecord, DeadReason};
 
     fn record(partition: i32, offset: i64) -> DeadRecord {
         DeadRecord {
@@ -595,7 +595,7 @@ mod tests {
         assert_eq!(v["body_preview"], "{\"id\":\"evt_1\"}");
         assert_eq!(r.replay_key(), "dlq:2:7");
         let mut out = Vec::new();
-        hookline_common::table::write_table(&mut out, &["H"; 9], &[row]).expect("write");
+        hookline_common::runtime::table::write_table(&mut out, &["H"; 9], &[row]).expect("write");
         let text = String::from_utf8(out).expect("utf8");
         assert!(
             text.lines().nth(1).is_some_and(|l| l.starts_with("2:7  ")),
@@ -610,7 +610,7 @@ mod tests {
             result: "failed".into(),
             attempt: 8,
             finished_at_ms: 1_000,
-            attempt_record: Some(hookline_common::delivery::AttemptRecord {
+            attempt_record: Some(hookline_common::contract::delivery::AttemptRecord {
                 n: 8,
                 at_ms: 1_000,
                 duration_ms: 3,

@@ -11,7 +11,7 @@ use std::fmt;
 use std::str::FromStr;
 
 use bytes::Bytes;
-use hookline_common::replays::ReplayRecord;
+use hookline_common::contract::replays::ReplayRecord;
 
 use hookline_common::config::Config;
 

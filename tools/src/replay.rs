@@ -42,14 +42,14 @@ use prometheus::Registry;
 
 use crate::dead::{attempts_made, DeadFilter, DeadRecord};
 use crate::read::{Range, TopicReader};
-use hookline_common::clock::now_ms;
 use hookline_common::config::Config;
-use hookline_common::delivery::DeadReason;
+use hookline_common::contract::delivery::DeadReason;
+use hookline_common::contract::quarantine::Source;
+use hookline_common::contract::replays::{self, ReplayRecord};
+use hookline_common::contract::topics::Topics;
+use hookline_common::kafka::produce::{self, OwnedRecord, ProduceErrors, Ungated};
 use hookline_common::kafka::producer_config;
-use hookline_common::produce::{self, OwnedRecord, ProduceErrors, Ungated};
-use hookline_common::quarantine::Source;
-use hookline_common::replays::{self, ReplayRecord};
-use hookline_common::topics::Topics;
+use hookline_common::runtime::clock::now_ms;
 use hookline_delivery::outcome::attempt_record;
 use hookline_delivery::{
     AttemptMetrics, AttemptOutcome, AttemptResult, Delivery, DeliveryPath, Engine, HopWriter, Next,
@@ -165,7 +165,7 @@ struct Replayer {
     attempts: AttemptMetrics,
     with_retries: bool,
     /// Keeps the writer's shutdown signal from ever firing (see `run_with`).
-    _never: hookline_common::shutdown::ShutdownTrigger,
+    _never: hookline_common::runtime::shutdown::ShutdownTrigger,
 }
 
 /// How one replay ended.
@@ -249,7 +249,7 @@ async fn run_with(
         // A replay has no shutdown signal of its own: transient errors are retried until they
         // pass or the operator interrupts the command. The trigger lives as long as the
         // replayer (a dropped one would stop the retries at once).
-        let (never, shutdown) = hookline_common::shutdown::channel();
+        let (never, shutdown) = hookline_common::runtime::shutdown::channel();
         let errors = ProduceErrors::unregistered();
         let writer = HopWriter::connect(config, producer, errors, shutdown).await?;
         let path = DeliveryPath::new(
@@ -415,7 +415,7 @@ fn skipped(
     summary: &mut ReplaySummary,
     out: &mut (dyn Write + Send),
     position: &str,
-    meta: &hookline_common::delivery::DeliveryMeta,
+    meta: &hookline_common::contract::delivery::DeliveryMeta,
     reason: DeadReason,
 ) -> std::io::Result<()> {
     summary.skipped += 1;

@@ -131,7 +131,7 @@ pub struct Secret {
 impl Secret {
     /// Decodes a `whsec_…` secret; the error says what is wrong without echoing it.
     pub fn parse(text: &str) -> Result<Secret, String> {
-        crate::secret::decode_secret(text).map(|key| Secret { key })
+        crate::contract::secret::decode_secret(text).map(|key| Secret { key })
     }
 
     /// The key bytes that sign.

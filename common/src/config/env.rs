@@ -13,7 +13,7 @@ pub(super) fn is_reserved_env(key: &str) -> bool {
         || key == "HOOKLINE_DEMO"
         || key.starts_with("HOOKLINE_TEST_")
         || key.starts_with("HOOKLINE_BENCH_")
-        || crate::control_config::is_reserved_env(key)
+        || crate::config::control::is_reserved_env(key)
 }
 
 /// Whether `key` is a variable Kubernetes injects for a Service named `hookline` or

@@ -19,8 +19,11 @@
 //! each section validating its fields), [`endpoints`](self::endpoints) (endpoints with typed URL
 //! and secrets), `env` (overrides).
 
+pub mod admin;
+pub mod control;
 mod endpoints;
 mod env;
+pub mod glob;
 mod sections;
 
 use std::path::Path;
@@ -88,12 +91,12 @@ pub struct Config {
     pub log: LogConfig,
     #[serde(default)]
     pub endpoints: Vec<EndpointConfig>,
-    /// The admin process: API, `/v1/events`, dashboard (`common/src/admin_config.rs`).
+    /// The admin process: API, `/v1/events`, dashboard (`common/src/config/admin.rs`).
     #[serde(default)]
-    pub admin: crate::admin_config::AdminConfig,
+    pub admin: crate::config::admin::AdminConfig,
     /// The control plane (`[control]`, see `control_config.rs`).
     #[serde(default)]
-    pub control: crate::control_config::ControlConfig,
+    pub control: crate::config::control::ControlConfig,
     /// Kubernetes service-link variables (`HOOKLINE_SERVICE_HOST`, …) that were ignored, sorted;
     /// not configuration: the binary names them in one log line at startup.
     #[serde(skip)]

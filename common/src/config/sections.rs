@@ -449,7 +449,7 @@ impl Default for ServerConfig {
     fn default() -> Self {
         ServerConfig {
             listen: SocketAddr::from(([127, 0, 0, 1], 9464)),
-            liveness_bound: crate::ops::DEFAULT_LIVENESS_BOUND,
+            liveness_bound: crate::runtime::ops::DEFAULT_LIVENESS_BOUND,
         }
     }
 }

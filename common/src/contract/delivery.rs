@@ -19,7 +19,7 @@
 use rdkafka::message::{Header, Message, OwnedHeaders};
 use serde::{Deserialize, Serialize};
 
-use crate::headers as h;
+use crate::contract::headers as h;
 
 pub const ENDPOINT_ID: &str = "hookline-endpoint-id";
 pub const ATTEMPT: &str = "hookline-attempt";
@@ -339,8 +339,8 @@ pub fn truncate(s: &str, max: usize) -> String {
     s[..end].to_string()
 }
 
-/// Current unix time in ms (the one clock helper, [`crate::clock`]).
-pub use crate::clock::now_ms;
+/// Current unix time in ms (the one clock helper, [`crate::runtime::clock`]).
+pub use crate::runtime::clock::now_ms;
 
 #[cfg(test)]
 mod tests {

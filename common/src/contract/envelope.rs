@@ -7,8 +7,8 @@
 use serde_json::value::RawValue;
 use serde_json::Value;
 
+use crate::config::glob::glob_match;
 use crate::config::{DedupeKeyRule, InputConfig};
-use crate::glob::glob_match;
 
 /// Longest accepted envelope `id`, in bytes.
 pub const MAX_ID_BYTES: usize = 256;

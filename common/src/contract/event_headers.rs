@@ -11,7 +11,7 @@
 
 use rdkafka::message::{Headers, Message};
 
-use crate::headers as h;
+use crate::contract::headers as h;
 
 /// The envelope facts in a record's headers.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -84,7 +84,7 @@ impl EventHeaders {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::produce::owned_headers;
+    use crate::kafka::produce::owned_headers;
     use rdkafka::message::OwnedMessage;
     use rdkafka::Timestamp;
 

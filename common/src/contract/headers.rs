@@ -1,7 +1,7 @@
 //! Kafka header names written and read by hookline. Part of the record contracts
 //! (docs/contracts.md); each contract is written and read through one type:
-//! [`crate::event_headers::EventHeaders`], [`crate::delivery::DeliveryMeta`],
-//! [`crate::quarantine::Quarantine`].
+//! [`crate::contract::event_headers::EventHeaders`], [`crate::contract::delivery::DeliveryMeta`],
+//! [`crate::contract::quarantine::Quarantine`].
 
 use rdkafka::message::{Headers, Message};
 

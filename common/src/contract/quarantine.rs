@@ -18,10 +18,10 @@
 //! - plus the quarantine headers and `hookline-original-key-bytes` / `-value-bytes` /
 //!   `-headers-bytes`.
 
-use crate::envelope::InvalidReason;
-use crate::headers as h;
-use crate::produce::{owned_headers, OwnedRecord};
-use crate::recordsize::{headers_bytes, record_bytes};
+use crate::contract::envelope::InvalidReason;
+use crate::contract::headers as h;
+use crate::kafka::produce::{owned_headers, OwnedRecord};
+use crate::kafka::recordsize::{headers_bytes, record_bytes};
 use rdkafka::message::Headers;
 
 /// Longest key prefix kept.
@@ -152,7 +152,7 @@ pub fn too_large(
         detail,
         source,
     };
-    let detail = crate::delivery::truncate(detail, MAX_DETAIL_BYTES);
+    let detail = crate::contract::delivery::truncate(detail, MAX_DETAIL_BYTES);
     let (partition, offset) = quarantine.position();
     let (key_s, value_s, headers_s) = (
         key_len.to_string(),

@@ -9,7 +9,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::delivery::AttemptRecord;
+use crate::contract::delivery::AttemptRecord;
 
 /// `result` of a replay that delivered.
 pub const DELIVERED: &str = "delivered";

@@ -10,6 +10,23 @@
 //! [`retry_transient`] retries such a call with capped exponential backoff and a log line per retry;
 //! any other error is returned at once, and only those stop a stage.
 
+//!
+//! The Kafka plumbing every stage shares lives in this module and its children:
+//! - [`produce`]: produce errors classified (permanent / transient / fatal) and acknowledged sends;
+//!   [`recordsize`]: record sizes and topic size limits;
+//! - [`rebalance`]: the one way consumer stages handle rebalances (bounded revoke protocol, changes
+//!   posted to the loop); [`ownership`]: per-partition assignment generations and the gate every
+//!   hand-off or dead letter passes, so work of a revoked partition never writes; [`progress`]:
+//!   out-of-order completion, contiguous offsets to store;
+//! - [`closing`]: every client close bounded, on a thread of its own.
+
+pub mod closing;
+pub mod ownership;
+pub mod produce;
+pub mod progress;
+pub mod rebalance;
+pub mod recordsize;
+
 use std::collections::BTreeMap;
 use std::time::Duration;
 
@@ -24,8 +41,8 @@ use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext, Rebalance};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 
 use crate::config::Config;
-use crate::ops::StageProbe;
-use crate::topics::{drift, orphan_tiers, plan, Drift, OrphanTier, TopicSpec};
+use crate::contract::topics::{drift, orphan_tiers, plan, Drift, OrphanTier, TopicSpec};
+use crate::runtime::ops::StageProbe;
 
 /// Base client configuration: bootstrap servers and the operator's passthrough options.
 pub fn base_config(config: &Config) -> ClientConfig {
@@ -68,7 +85,7 @@ pub fn producer_config(config: &Config) -> ClientConfig {
     c = with_passthrough(c, config);
     c.set("enable.idempotence", "true").set("acks", "all").set(
         "message.max.bytes",
-        crate::topics::MAX_MESSAGE_BYTES.to_string(),
+        crate::contract::topics::MAX_MESSAGE_BYTES.to_string(),
     );
     c
 }

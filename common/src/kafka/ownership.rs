@@ -28,10 +28,10 @@ use rdkafka::error::KafkaError;
 use rdkafka::producer::DeliveryFuture;
 use tokio::sync::watch;
 
-use crate::produce::WriteGate;
+use crate::kafka::produce::WriteGate;
 
 /// A write's claim on its partition: the gate of `partition` in the generation the work was read
-/// in. Writes made through it ([`crate::produce::send_acked_through`]) happen only while the
+/// in. Writes made through it ([`crate::kafka::produce::send_acked_through`]) happen only while the
 /// partition is still owned in that generation.
 pub struct Claim<'a, S> {
     pub ownership: &'a Ownership<S>,

@@ -25,7 +25,7 @@ use rdkafka::message::{Header, Headers, OwnedHeaders};
 use rdkafka::producer::{DeliveryFuture, FutureProducer, FutureRecord};
 use rdkafka::types::RDKafkaErrorCode as C;
 
-use crate::shutdown::Shutdown;
+use crate::runtime::shutdown::Shutdown;
 
 /// What a produce error means for the record and the stage.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -177,12 +177,12 @@ pub struct OwnedRecord {
 }
 
 impl OwnedRecord {
-    /// Bytes this record counts against `message.max.bytes` (see [`crate::recordsize`]).
+    /// Bytes this record counts against `message.max.bytes` (see [`crate::kafka::recordsize`]).
     pub fn size(&self) -> usize {
-        crate::recordsize::record_bytes(
+        crate::kafka::recordsize::record_bytes(
             self.key.as_ref().map_or(0, Vec::len),
             self.value.as_ref().map_or(0, Vec::len),
-            crate::recordsize::headers_bytes(
+            crate::kafka::recordsize::headers_bytes(
                 self.headers
                     .iter()
                     .map(|h| (h.key, h.value.map_or(0, <[u8]>::len))),
@@ -259,7 +259,7 @@ fn backoff(tries: u32) -> Duration {
 }
 
 /// The claim a write is made under. A stage whose work belongs to an assigned partition writes
-/// through that partition's ownership gate (`crate::ownership::Claim`), so work the partition was
+/// through that partition's ownership gate (`crate::kafka::ownership::Claim`), so work the partition was
 /// revoked from never writes; everything else writes [`Ungated`]. Every `Some` returned by
 /// [`WriteGate::enqueue`] is followed by exactly one [`WriteGate::acked`].
 pub trait WriteGate: Sync {

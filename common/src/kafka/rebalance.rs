@@ -20,7 +20,7 @@ use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::TopicPartitionList;
 use tokio::sync::Notify;
 
-use crate::ownership::{can_block_here, Ownership};
+use crate::kafka::ownership::{can_block_here, Ownership};
 
 /// An assignment change seen by a callback, for the loop.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -1,7 +1,7 @@
 //! Record size arithmetic and the size limits of the topics hookline writes.
 //!
 //! Two limits apply to every record hookline produces:
-//! - the producer's `message.max.bytes` ([`crate::topics::MAX_MESSAGE_BYTES`]), which librdkafka
+//! - the producer's `message.max.bytes` ([`crate::contract::topics::MAX_MESSAGE_BYTES`]), which librdkafka
 //!   checks against the *uncompressed* key + value + headers when the record is enqueued;
 //! - the target topic's `max.message.bytes`, which the broker checks against the compressed
 //!   batch. Read from the broker (DescribeConfigs) when a stage starts and again after a produce
@@ -24,10 +24,10 @@ use rdkafka::admin::{AdminClient, AdminOptions, ResourceSpecifier};
 use rdkafka::client::DefaultClientContext;
 
 use crate::config::Config;
-use crate::delivery::MAX_HISTORY_BYTES;
-use crate::envelope::{Invalid, InvalidReason};
+use crate::contract::delivery::MAX_HISTORY_BYTES;
+use crate::contract::envelope::{Invalid, InvalidReason};
+use crate::contract::topics::MAX_MESSAGE_BYTES;
 use crate::kafka::base_config;
-use crate::topics::MAX_MESSAGE_BYTES;
 
 /// Record batch header (61 bytes in format v2) + one record's varint framing (≤ 36 bytes), with
 /// room to spare.

@@ -25,7 +25,7 @@ use axum::routing::get;
 use axum::Router;
 use prometheus::{Encoder, Registry, TextEncoder};
 
-use crate::shutdown::Shutdown;
+use crate::runtime::shutdown::Shutdown;
 
 /// `server.liveness_bound` when none is configured.
 pub const DEFAULT_LIVENESS_BOUND: Duration = Duration::from_secs(60);
