@@ -307,6 +307,9 @@ async fn run_command(
         Command::Dead { command } => hookline_tools::cli::dead(config, command)
             .await
             .map(|()| ExitCode::SUCCESS),
+        Command::Endpoints {
+            command: hookline_control::cli::EndpointsCommand::Test { id, output },
+        } => endpoint_test(config, &id, output.json()).await,
         Command::Endpoints { command } => hookline_control::cli::endpoints(config, command)
             .await
             .map(|()| ExitCode::SUCCESS),
@@ -416,4 +419,27 @@ async fn run_stages(
         Some(e) => Err(e),
         None => Ok(()),
     }
+}
+
+/// `hookline endpoints test ID`: one signed `hookline.test` event through the delivery engine,
+/// logged in the endpoint's delivery log; exits 4 when it was not delivered.
+async fn endpoint_test(config: Arc<Config>, id: &str, json: bool) -> anyhow::Result<ExitCode> {
+    let plane = hookline_control::Plane::for_tool(&config).await?;
+    let replays =
+        hookline_tools::replay::Replays::new(config, &prometheus::Registry::new(), plane.clone())?;
+    let sent = replays.test_send(id).await;
+    plane.close().await;
+    let Some(sent) = sent else {
+        anyhow::bail!("no endpoint {id:?} in the registry (hookline endpoints list)");
+    };
+    if json {
+        println!("{}", sent.to_json());
+    } else {
+        println!("{}", sent.line());
+    }
+    Ok(if sent.delivered {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(hookline_tools::replay::EXIT_NOT_ALL_DELIVERED)
+    })
 }

@@ -1,5 +1,5 @@
 //! `/v1/endpoints`: the live registry over HTTP (list, create, show, update, enable/disable,
-//! delete, rotate the secret, health). Writes go through `hookline_control::Registry` — an
+//! delete, rotate the secret, health, a test send). Writes go through `hookline_control::Registry` — an
 //! acknowledged Kafka transaction with optimistic concurrency (`version`), visible to every
 //! process within about a second — so the API, the CLI and every pod agree.
 //!
@@ -422,4 +422,77 @@ pub async fn health(
 ) -> ApiResult<Json<HealthReport>> {
     visible(&c, &caller, &id)?;
     Ok(Json(c.health.report(&id)))
+}
+
+/// What a test send needs: the registry (who may see the endpoint) and the process's replays
+/// (the delivery engine and delivery log it attempts through).
+#[derive(Clone)]
+pub struct TestState {
+    pub control: Control,
+    pub replays: Arc<hookline_tools::replay::Replays>,
+}
+
+/// How a test send went: the attempt's outcome.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct TestSendResult {
+    pub endpoint_id: String,
+    /// The test event's id (`webhook-id`), also in the endpoint's delivery log.
+    pub event_id: String,
+    /// Always `hookline.test`.
+    pub event_type: String,
+    pub delivered: bool,
+    /// The response status, when one arrived.
+    pub status: Option<u16>,
+    /// `http_status`, `timeout`, `connect`, `tls`, `io`, `blocked` or `invalid_url`; null when
+    /// delivered.
+    pub failure_class: Option<String>,
+    pub duration_ms: u64,
+    /// The start of the response body, or the error of a failure (never the URL).
+    pub detail: Option<String>,
+}
+
+impl From<hookline_tools::test_send::TestSend> for TestSendResult {
+    fn from(t: hookline_tools::test_send::TestSend) -> Self {
+        TestSendResult {
+            endpoint_id: t.endpoint_id,
+            event_id: t.event_id,
+            event_type: hookline_tools::test_send::TEST_EVENT_TYPE.to_string(),
+            delivered: t.delivered,
+            status: t.status,
+            failure_class: t.failure_class.map(str::to_string),
+            duration_ms: t.duration_ms,
+            detail: t.detail,
+        }
+    }
+}
+
+#[utoipa::path(
+    post, path = "/v1/endpoints/{id}/test", tag = "endpoints",
+    params(("id" = String, Path)),
+    responses(
+        (status = 200, description = "a signed `hookline.test` event was attempted once through the delivery engine (signing, SSRF guard, the endpoint's timeout) and logged in the endpoint's delivery log; the answer is the outcome — a failed test send is reported, never retried — sent whether or not the endpoint is enabled", body = TestSendResult),
+        (status = 401), (status = 404),
+    ),
+    security(("bearer" = []))
+)]
+pub async fn test_send(
+    State(s): State<TestState>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+) -> ApiResult<Json<TestSendResult>> {
+    visible(&s.control, &caller, &id)?;
+    let sent = s
+        .replays
+        .test_send(&id)
+        .await
+        .ok_or_else(|| ApiError::not_found("endpoint"))?;
+    tracing::info!(
+        caller = %caller.name,
+        endpoint = %id,
+        event = %sent.event_id,
+        delivered = sent.delivered,
+        failure_class = sent.failure_class.unwrap_or("-"),
+        "test event sent through the admin api"
+    );
+    Ok(Json(sent.into()))
 }

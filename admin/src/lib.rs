@@ -101,6 +101,12 @@ pub fn api(app: &App) -> (Router, utoipa::openapi::OpenApi) {
         .routes(routes!(endpoints::rotate_secret))
         .routes(routes!(endpoints::health))
         .with_state(app.control.clone());
+    let test_sends = OpenApiRouter::new()
+        .routes(routes!(endpoints::test_send))
+        .with_state(endpoints::TestState {
+            control: app.control.clone(),
+            replays: app.replays.clone(),
+        });
     let dead_letters = OpenApiRouter::new()
         .routes(routes!(dead::list))
         .routes(routes!(dead::replay_matching))
@@ -114,6 +120,7 @@ pub fn api(app: &App) -> (Router, utoipa::openapi::OpenApi) {
         .merge(events)
         .merge(trace)
         .merge(endpoints)
+        .merge(test_sends)
         .merge(dead_letters)
         .split_for_parts();
     let router = router.layer(axum::middleware::from_fn_with_state(

@@ -14,7 +14,7 @@ use hookline_control::health::{HealthReport, Seen};
 use hookline_control::Endpoint;
 use hookline_dashboard::{
     AttemptRow, Backend, Counters, DeadDetail, DeadFilter, DeadPage, DeadRow, EndpointRow, Health,
-    Problem, ReplayOutcome, Scope,
+    Problem, ReplayOutcome, Scope, TestSendOutcome,
 };
 use hookline_tools::dead::{self, DeadRecord};
 use hookline_tools::dead_page::{self, Cursor};
@@ -286,6 +286,30 @@ impl Backend for DashboardData {
             row,
             history,
             body_preview,
+        })
+    }
+
+    async fn test_send(&self, scope: &Scope, id: &str) -> Result<TestSendOutcome, Problem> {
+        if !self.visible(scope).iter().any(|e| e.id == id) {
+            return Err(Problem::NotFound);
+        }
+        let t = self.replays.test_send(id).await.ok_or(Problem::NotFound)?;
+        tracing::info!(
+            scope = ?scope,
+            endpoint = %id,
+            event = %t.event_id,
+            delivered = t.delivered,
+            failure_class = t.failure_class.unwrap_or("-"),
+            "test event sent from the dashboard"
+        );
+        Ok(TestSendOutcome {
+            endpoint_id: t.endpoint_id,
+            event_id: t.event_id,
+            delivered: t.delivered,
+            status: t.status,
+            failure_class: t.failure_class.map(str::to_string),
+            duration_ms: t.duration_ms,
+            detail: t.detail,
         })
     }
 

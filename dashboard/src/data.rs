@@ -153,6 +153,20 @@ pub struct ReplayOutcome {
     pub lines: Vec<String>,
 }
 
+/// How a test send went (a signed `hookline.test` event, attempted once).
+#[derive(Debug, Clone)]
+pub struct TestSendOutcome {
+    pub endpoint_id: String,
+    pub event_id: String,
+    pub delivered: bool,
+    pub status: Option<u16>,
+    /// `None` when delivered.
+    pub failure_class: Option<String>,
+    pub duration_ms: u64,
+    /// The start of the response body or the error (never the URL).
+    pub detail: Option<String>,
+}
+
 /// The live counters at the top of every page.
 #[derive(Debug, Clone, Default, serde::Serialize)]
 pub struct Counters {
@@ -205,4 +219,10 @@ pub trait Backend: Send + Sync + 'static {
         filter: &DeadFilter,
     ) -> impl Future<Output = Result<ReplayOutcome, Problem>> + Send;
     fn counters(&self, scope: &Scope) -> impl Future<Output = Result<Counters, Problem>> + Send;
+    /// Sends a signed `hookline.test` event to the endpoint once (never retried).
+    fn test_send(
+        &self,
+        scope: &Scope,
+        id: &str,
+    ) -> impl Future<Output = Result<TestSendOutcome, Problem>> + Send;
 }

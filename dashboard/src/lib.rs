@@ -7,7 +7,7 @@
 //!   field on every form that changes something, and the pages.
 //!
 //! Routes: `GET /` (endpoints with health and dead-delivery warnings), `GET /ui/endpoints/{id}`
-//! (recent attempts), `GET /ui/dead` (filters, cursor), `GET /ui/dead/{position}` (history),
+//! (recent attempts, a test send button), `POST /ui/endpoints/{id}/test` (a test send), `GET /ui/dead` (filters, cursor), `GET /ui/dead/{position}` (history),
 //! `POST /ui/dead/{position}/replay`, `POST /ui/dead/replay` (all matching the filter),
 //! `GET /ui/counters.json` (live counters), `GET|POST /ui/login`, `POST /ui/logout`.
 
@@ -29,7 +29,7 @@ use sha2::{Digest, Sha256};
 
 pub use data::{
     AttemptRow, Backend, Counters, DeadDetail, DeadFilter, DeadPage, DeadRow, EndpointRow, Health,
-    Problem, ReplayOutcome, Scope,
+    Problem, ReplayOutcome, Scope, TestSendOutcome,
 };
 
 /// The session cookie: the token itself, readable by no script (`HttpOnly`) and sent by no other
@@ -43,6 +43,7 @@ pub fn router<B: Backend>(backend: Arc<B>) -> Router {
         .route("/ui/login", get(login_page).post(login::<B>))
         .route("/ui/logout", post(logout::<B>))
         .route("/ui/endpoints/{id}", get(endpoint_page::<B>))
+        .route("/ui/endpoints/{id}/test", post(test_send::<B>))
         .route("/ui/dead", get(dead_page::<B>))
         .route("/ui/dead/replay", post(replay_matching::<B>))
         .route("/ui/dead/{position}", get(dead_one_page::<B>))
@@ -258,7 +259,24 @@ async fn endpoint_page<B: Backend>(
     Path(id): Path<String>,
 ) -> PageResult {
     let (row, attempts) = b.endpoint(&s.scope, &id).await?;
-    Ok(page(&*b, &s, &row.id, views::endpoint(&row, &attempts)).await)
+    Ok(page(
+        &*b,
+        &s,
+        &row.id,
+        views::endpoint(&row, &attempts, &s.csrf()),
+    )
+    .await)
+}
+
+async fn test_send<B: Backend>(
+    State(b): State<Arc<B>>,
+    s: Session,
+    Path(id): Path<String>,
+    Form(form): Form<CsrfForm>,
+) -> Result<Response, Response> {
+    s.check(&form.csrf).map_err(IntoResponse::into_response)?;
+    let o = b.test_send(&s.scope, &id).await.map_err(problem)?;
+    Ok(page(&*b, &s, "Test send", views::test_sent(&o)).await)
 }
 
 async fn dead_page<B: Backend>(

@@ -4,7 +4,7 @@ use maud::{html, Markup, PreEscaped, DOCTYPE};
 
 use crate::data::{
     AttemptRow, Counters, DeadDetail, DeadFilter, DeadPage, DeadRow, EndpointRow, ReplayOutcome,
-    Scope,
+    Scope, TestSendOutcome,
 };
 
 const CSS: &str = r#"
@@ -171,11 +171,16 @@ fn rate(h: &crate::data::Health) -> Markup {
     }
 }
 
-pub fn endpoint(row: &EndpointRow, attempts: &[AttemptRow]) -> Markup {
+pub fn endpoint(row: &EndpointRow, attempts: &[AttemptRow], csrf: &str) -> Markup {
     html! {
         h1 { "Endpoint " (row.id) }
         p { (row.url) " · tenant " (row.tenant.as_deref().unwrap_or("(all)"))
             " · types " (if row.event_types.is_empty() { "(all)".to_string() } else { row.event_types.join(", ") }) }
+        form method="post" action=(format!("/ui/endpoints/{}/test", urlencode(&row.id))) {
+            input type="hidden" name="csrf" value=(csrf);
+            button #test-send type="submit" { "Send a test event" }
+            span.muted { " a signed hookline.test event, once (never retried)" }
+        }
         @if row.dead > 0 {
             div.warn { "⚠ " b { (row.dead) } " dead deliveries. "
                 a href=(format!("/ui/dead?endpoint={}", urlencode(&row.id))) { "See them and replay" } }
@@ -314,6 +319,23 @@ pub fn replayed(outcome: &ReplayOutcome, back: &str) -> Markup {
         @if outcome.failed > 0 { p.bad { "What failed again is a new dead delivery; it can be replayed later." } }
         pre { @for l in &outcome.lines { (l) "\n" } }
         p { a href=(back) { "← back" } }
+    }
+}
+
+pub fn test_sent(o: &TestSendOutcome) -> Markup {
+    let back = format!("/ui/endpoints/{}", urlencode(&o.endpoint_id));
+    let status = o
+        .status
+        .map_or_else(|| "no response".to_string(), |s| format!("status {s}"));
+    html! {
+        h1 { "Test send to " (o.endpoint_id) }
+        @if o.delivered {
+            p #test-result { span.ok { "Delivered" } ": test event " (o.event_id) ", " (status) ", " (o.duration_ms) " ms." }
+        } @else {
+            p #test-result { span.bad { "Failed (" (o.failure_class.as_deref().unwrap_or("unknown")) ")" } ": test event " (o.event_id) ", " (status) ", " (o.duration_ms) " ms." }
+            @if let Some(d) = o.detail.as_deref().filter(|d| !d.is_empty()) { pre { (d) } }
+        }
+        p { a href=(back) { "← back to the endpoint" } }
     }
 }
 

@@ -2,7 +2,8 @@
 //! token sees only its tenant (another tenant's resource is a 404), errors name the field, the
 //! OpenAPI document lists exactly the routes served; `POST /v1/events` with one
 //! `Idempotency-Key` is one event and one delivery under 50 concurrent requests and across a
-//! restart of the admin process.
+//! restart of the admin process; a test send reports the receiver's answer or the failure class,
+//! over the API and on the command line.
 
 use std::collections::BTreeSet;
 use std::net::SocketAddr;
@@ -194,6 +195,7 @@ async fn every_route_needs_a_token_and_a_tenant_token_sees_only_its_tenant() {
         ("DELETE", "/v1/endpoints/{id}"),
         ("POST", "/v1/endpoints/{id}/rotate-secret"),
         ("GET", "/v1/endpoints/{id}/health"),
+        ("POST", "/v1/endpoints/{id}/test"),
         ("GET", "/v1/dead-letters"),
         ("POST", "/v1/dead-letters/replay"),
         ("GET", "/v1/dead-letters/{position}"),
@@ -725,4 +727,158 @@ async fn endpoints_are_managed_through_the_api_within_the_token_scope() {
     }
     second.stop().await;
     admin.stop().await;
+}
+
+/// A test send (`POST /v1/endpoints/{id}/test`, `hookline endpoints test ID`): one signed
+/// `hookline.test` event, the outcome the answer — a 200 from a healthy receiver, the failure
+/// class from a dead one (nothing listens on its port) — within the token's tenant, logged in the
+/// delivery log, never retried.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_test_send_reports_the_receivers_answer_or_the_failure_class() {
+    require_kafka();
+    let rx = Receiver::start().await;
+    rx.default("ok", Behavior::Status(200));
+    let secret = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
+    // A port nothing listens on: bound, then released.
+    let dead_port = std::net::TcpListener::bind("127.0.0.1:0")
+        .expect("bind")
+        .local_addr()
+        .expect("addr")
+        .port();
+    let prefix = unique_prefix("admin-test-send");
+    let endpoints = format!(
+        "[[endpoints]]\nid = \"ok\"\nurl = \"{}\"\ntenant = \"acme\"\nsecrets = [\"{secret}\"]\n\
+         [[endpoints]]\nid = \"down\"\nurl = \"http://127.0.0.1:{dead_port}/down\"\ntenant = \"acme\"\n\
+         enabled = false\n",
+        rx.url("ok")
+    );
+    let config = test_config(&prefix, &format!("{}{endpoints}", admin_section()));
+    apply_topics(&config).await;
+    let admin = Admin::start(&config).await;
+
+    let (status, ok) = post(
+        &admin.url("/v1/endpoints/ok/test"),
+        Some(ACME_TOKEN),
+        json!({}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{ok}");
+    assert_eq!(
+        (
+            ok["delivered"].as_bool(),
+            ok["status"].as_u64(),
+            ok["failure_class"].is_null(),
+            ok["event_type"].as_str()
+        ),
+        (Some(true), Some(200), true, Some("hookline.test")),
+        "{ok}"
+    );
+    let event_id = ok["event_id"].as_str().expect("event id").to_string();
+    let got = rx.wait_for("ok", 1, Duration::from_secs(10)).await;
+    assert_eq!(got.len(), 1, "one request, no retry");
+    assert_eq!(got[0].headers["webhook-id"], event_id);
+    assert!(
+        crate::dispatcher::signature_valid(secret, &got[0]),
+        "signed with the endpoint's secret"
+    );
+    let body: Value = serde_json::from_slice(&got[0].body).expect("json body");
+    assert_eq!(
+        (
+            body["id"].as_str(),
+            body["type"].as_str(),
+            body["tenant"].as_str()
+        ),
+        (Some(event_id.as_str()), Some("hookline.test"), Some("acme"))
+    );
+
+    // A dead endpoint (disabled too: a test send checks it before it is enabled): the class.
+    let (status, down) = post(
+        &admin.url("/v1/endpoints/down/test"),
+        Some(ADMIN_TOKEN),
+        json!({}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{down}");
+    assert_eq!(
+        (
+            down["delivered"].as_bool(),
+            down["failure_class"].as_str(),
+            down["status"].is_null()
+        ),
+        (Some(false), Some("connect"), true),
+        "{down}"
+    );
+
+    // Another tenant's endpoint and an unknown one are 404s.
+    for (path, token) in [
+        ("/v1/endpoints/ok/test", GLOBEX_TOKEN),
+        ("/v1/endpoints/nope/test", ADMIN_TOKEN),
+    ] {
+        let (status, body) = post(&admin.url(path), Some(token), json!({})).await;
+        assert_eq!(status, StatusCode::NOT_FOUND, "{path}: {body}");
+    }
+
+    // The test send is in the delivery log, with its stage.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let attempts = loop {
+        let (status, v) = get(
+            &admin.url(&format!("/v1/events/{event_id}/attempts")),
+            Some(ADMIN_TOKEN),
+        )
+        .await;
+        let n = v["attempts"].as_array().map_or(0, Vec::len);
+        if status == StatusCode::OK && n > 0 {
+            break v;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the test send never reached the delivery log: {status} {v}"
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    };
+    assert_eq!(attempts["attempts"][0]["stage"], "test", "{attempts}");
+    admin.stop().await;
+
+    // The command line (its config file lists the file-managed endpoints, as every process's
+    // does): the same outcome, exit 0 when delivered and 4 when not.
+    let dir = std::env::temp_dir().join(&prefix);
+    std::fs::create_dir_all(&dir).expect("tmp dir");
+    let path = dir.join("cli.toml");
+    std::fs::write(
+        &path,
+        format!(
+            "[kafka]\nbootstrap_servers = \"{}\"\n[topics]\nprefix = \"{prefix}\"\npartitions = 3\n\
+             [http]\nallow_cidrs = [\"127.0.0.0/8\"]\n{endpoints}",
+            bootstrap()
+        ),
+    )
+    .expect("write config");
+    let run = |id: &str| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_hookline"))
+            .arg("--config")
+            .arg(&path)
+            .args(["endpoints", "test", id, "--json"])
+            .env("HOOKLINE_SECRETS_KEY", secrets_key())
+            .output()
+            .expect("run hookline")
+    };
+    let out = run("ok");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_str(stdout.trim()).expect("json line");
+    assert_eq!(
+        (v["delivered"].as_bool(), v["status"].as_u64()),
+        (Some(true), Some(200))
+    );
+    assert_eq!(rx.wait_for("ok", 2, Duration::from_secs(10)).await.len(), 2);
+    let out = run("down");
+    let v: Value =
+        serde_json::from_str(String::from_utf8_lossy(&out.stdout).trim()).expect("json line");
+    assert_eq!(out.status.code(), Some(4), "{v}");
+    assert_eq!(v["failure_class"], "connect", "{v}");
 }

@@ -1,7 +1,8 @@
 //! The dashboard in real headless Chromium (Debian's `chromium` + `chromium-driver`, installed by
 //! `.ci/run`), driven over WebDriver with `fantoccini`: sign in with a tenant token, see the
 //! dead-delivery warning on the failing endpoint, open its dead letter, click Replay, and the
-//! receiver gets the delivery; the tenant does not see another tenant's endpoint. Screenshots go
+//! receiver gets the delivery; send a test event from the endpoint page and see it delivered; the
+//! tenant does not see another tenant's endpoint. Screenshots go
 //! to `target/screenshots/`.
 
 use std::net::TcpListener;
@@ -217,6 +218,26 @@ async fn a_tenant_signs_in_sees_the_dead_warning_and_replays_from_the_browser() 
         got[0].headers.get("webhook-id"),
         got[1].headers.get("webhook-id")
     );
+
+    // The endpoint's page sends a test event (the receiver answers 204 now).
+    c.goto(&admin.url("/ui/endpoints/acme-orders"))
+        .await
+        .expect("open");
+    c.find(Locator::Id("test-send"))
+        .await
+        .expect("test send button")
+        .click()
+        .await
+        .expect("click Send a test event");
+    let result = text_of(&c, "#test-result").await;
+    assert!(
+        result.contains("Delivered") && result.contains("status 204"),
+        "{result}"
+    );
+    screenshot(&c, "4-test-send").await;
+    let got = rx.wait_for("acme", 3, Duration::from_secs(30)).await;
+    let test: serde_json::Value = serde_json::from_slice(&got[2].body).expect("json body");
+    assert_eq!(test["type"], "hookline.test", "{test}");
 
     c.close().await.expect("close the browser");
     admin.stop().await;

@@ -111,7 +111,7 @@ fn guarded_config(prefix: &str, extra: &str) -> Config {
 }
 
 /// Checks a `webhook-signature` value with an HMAC computed here, independently of the crate.
-fn signature_valid(secret: &str, r: &Recorded) -> bool {
+pub(crate) fn signature_valid(secret: &str, r: &Recorded) -> bool {
     let key = STANDARD
         .decode(secret.trim_start_matches("whsec_"))
         .expect("secret is base64");

@@ -10,6 +10,8 @@
 //! - [`replay`]: `hookline replay` and the admin's replays, through the shared delivery path,
 //!   idempotent by replay key (`dlq:<partition>:<offset>`) recorded on the compacted
 //!   `<p>.replays`.
+//! - [`test_send`]: a signed `hookline.test` event to one endpoint, its outcome the answer
+//!   (`POST /v1/endpoints/{id}/test`, `hookline endpoints test`).
 //! - [`cli`]: the command-line arguments of `replay` and `dead`.
 //! - `read`: reading a topic from given offsets up to the end it had when reading started.
 
@@ -18,3 +20,4 @@ pub mod dead;
 pub mod dead_page;
 mod read;
 pub mod replay;
+pub mod test_send;

@@ -221,6 +221,16 @@ impl Replays {
         })
     }
 
+    /// The live endpoints and delivery log replays (and test sends) use.
+    pub(crate) fn plane(&self) -> &hookline_control::Plane {
+        &self.plane
+    }
+
+    /// The delivery engine replays (and test sends) attempt through.
+    pub(crate) fn engine(&self) -> &Engine {
+        &self.engine
+    }
+
     /// Runs a replay, writing one line per record and a summary to `out`.
     pub async fn run(
         &self,
