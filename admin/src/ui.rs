@@ -8,10 +8,12 @@ use axum::http::StatusCode;
 
 use hookline_common::config::admin::TokenScope;
 use hookline_common::config::Config;
+use hookline_common::contract::delivery::now_ms;
 use hookline_common::contract::replays::ReplayRecord;
 use hookline_control::attempts::{Attempt, Outcome};
 use hookline_control::health::{HealthReport, Seen};
 use hookline_control::Endpoint;
+use hookline_dashboard::data::Activity;
 use hookline_dashboard::{
     AttemptRow, Backend, Counters, DeadDetail, DeadFilter, DeadPage, DeadRow, EndpointRow, Health,
     Problem, ReplayOutcome, Scope, TestSendOutcome,
@@ -89,7 +91,7 @@ fn health(h: &HealthReport) -> Health {
     }
 }
 
-fn endpoint_row(e: &Endpoint, h: &HealthReport, dead: u64) -> EndpointRow {
+fn endpoint_row(e: &Endpoint, h: &HealthReport, dead: u64, activity: Activity) -> EndpointRow {
     EndpointRow {
         id: e.id.clone(),
         url: e.url.to_string(),
@@ -98,6 +100,7 @@ fn endpoint_row(e: &Endpoint, h: &HealthReport, dead: u64) -> EndpointRow {
         enabled: e.enabled,
         health: health(h),
         dead,
+        activity,
     }
 }
 
@@ -181,6 +184,17 @@ impl DashboardData {
             .collect()
     }
 
+    /// An endpoint's attempts per minute over the last 24 h (the health tracker's counts).
+    fn activity(&self, id: &str) -> Activity {
+        Activity {
+            now_minute: now_ms().div_euclid(60_000),
+            minutes: self
+                .control
+                .health
+                .per_minute(id, hookline_control::tracker::COUNT_MINUTES),
+        }
+    }
+
     async fn open_dead(&self, scope: &Scope) -> Result<HashMap<String, u64>, Problem> {
         let replays = replay::finished(&self.config).await.map_err(unavailable)?;
         let filter = self.scoped_filter(scope, &DeadFilter::default());
@@ -205,7 +219,12 @@ impl Backend for DashboardData {
             .iter()
             .map(|e| {
                 let h = self.control.health.report(&e.id);
-                endpoint_row(e, &h, dead.get(&e.id).copied().unwrap_or(0))
+                endpoint_row(
+                    e,
+                    &h,
+                    dead.get(&e.id).copied().unwrap_or(0),
+                    self.activity(&e.id),
+                )
             })
             .collect())
     }
@@ -220,7 +239,12 @@ impl Backend for DashboardData {
         };
         let dead = self.open_dead(scope).await?;
         let h = self.control.health.report(&e.id);
-        let row = endpoint_row(&e, &h, dead.get(&e.id).copied().unwrap_or(0));
+        let row = endpoint_row(
+            &e,
+            &h,
+            dead.get(&e.id).copied().unwrap_or(0),
+            self.activity(&e.id),
+        );
         let attempts = self
             .control
             .health

@@ -38,12 +38,14 @@ struct State {
     /// The latest [`RECENT`] attempts per endpoint (by attempt time), for the dashboard.
     recent: HashMap<String, BTreeMap<(i64, String, u32), Attempt>>,
     /// Attempts per endpoint per minute of attempt time (delivered, failed), the last
-    /// [`COUNT_MINUTES`] minutes: the dashboard's live counters.
+    /// [`COUNT_MINUTES`] minutes (at most that many entries per endpoint): the dashboard's live
+    /// counters and charts.
     minutes: HashMap<String, BTreeMap<i64, (u64, u64)>>,
 }
 
-/// Minutes of per-endpoint counts kept for [`Health::counts`].
-pub const COUNT_MINUTES: i64 = 60;
+/// Minutes of per-endpoint counts kept for [`Health::counts`] and [`Health::per_minute`]: 24 h
+/// (the dashboard's charts). As far back as the tail reads (`control.health_lookback`, 24 h).
+pub const COUNT_MINUTES: i64 = 24 * 60;
 
 /// Attempts kept per endpoint for [`Health::recent`].
 pub const RECENT: usize = 50;
@@ -172,6 +174,18 @@ impl Health {
                     .fold((0, 0), |(d, f), (_, (d2, f2))| (d + d2, f + f2))
             })
             .unwrap_or((0, 0))
+    }
+
+    /// (minute, delivered, failed) of an endpoint for every minute with attempts among the last
+    /// `minutes` (whole minutes, the current one included; at most [`COUNT_MINUTES`]), oldest
+    /// first; the minute is unix ms / 60,000.
+    pub fn per_minute(&self, endpoint_id: &str, minutes: i64) -> Vec<(i64, u64, u64)> {
+        let from = now_ms().div_euclid(60_000) - minutes.clamp(1, COUNT_MINUTES) + 1;
+        lock(&self.state)
+            .minutes
+            .get(endpoint_id)
+            .map(|m| m.range(from..).map(|(k, (d, f))| (*k, *d, *f)).collect())
+            .unwrap_or_default()
     }
 
     /// Every endpoint seen in the delivery log or the DLQ, by id.

@@ -36,6 +36,45 @@ pub struct EndpointRow {
     pub health: Health,
     /// Deliveries to this endpoint that are dead (in the DLQ, not replayed successfully).
     pub dead: u64,
+    /// Its attempts per minute over the last 24 h, from the delivery log.
+    pub activity: Activity,
+}
+
+/// Attempts of an endpoint per minute: (minute, delivered, failed) for every minute with
+/// attempts, oldest first (minute = unix ms / 60,000), and the current minute.
+#[derive(Debug, Clone, Default)]
+pub struct Activity {
+    pub now_minute: i64,
+    pub minutes: Vec<(i64, u64, u64)>,
+}
+
+impl Activity {
+    /// (delivered, failed) per bucket of `bucket_minutes`, `buckets` of them ending with the
+    /// current minute's bucket, oldest first.
+    pub fn buckets(&self, buckets: usize, bucket_minutes: i64) -> Vec<(u64, u64)> {
+        let n = i64::try_from(buckets).unwrap_or(i64::MAX);
+        let width = bucket_minutes.max(1);
+        let first = self.now_minute - n * width + 1;
+        let mut out = vec![(0, 0); buckets];
+        for (m, d, f) in &self.minutes {
+            if *m < first || *m > self.now_minute {
+                continue;
+            }
+            let i = usize::try_from((m - first) / width).unwrap_or(0);
+            if let Some(slot) = out.get_mut(i) {
+                slot.0 += d;
+                slot.1 += f;
+            }
+        }
+        out
+    }
+
+    /// Total (delivered, failed) over the activity.
+    pub fn totals(&self) -> (u64, u64) {
+        self.minutes
+            .iter()
+            .fold((0, 0), |(d, f), (_, d2, f2)| (d + d2, f + f2))
+    }
 }
 
 /// An endpoint's recent health, from the delivery log.

@@ -2,6 +2,7 @@
 
 use maud::{html, Markup, PreEscaped, DOCTYPE};
 
+use crate::data::Activity;
 use crate::data::{
     AttemptRow, Counters, DeadDetail, DeadFilter, DeadPage, DeadRow, EndpointRow, ReplayOutcome,
     Scope, TestSendOutcome,
@@ -131,7 +132,7 @@ pub fn endpoints(rows: &[EndpointRow]) -> Markup {
         @else {
             table #endpoints {
                 tr { th { "Endpoint" } th { "URL" } th { "Tenant" } th { "State" } th { "Success (1 h)" }
-                     th { "Last attempt" } th { "Failing" } th { "Dead" } }
+                     th { "Attempts (24 h)" } th { "Last attempt" } th { "Failing" } th { "Dead" } }
                 @for r in rows {
                     tr data-endpoint=(r.id) {
                         td { a href=(format!("/ui/endpoints/{}", urlencode(&r.id))) { (r.id) } }
@@ -139,6 +140,7 @@ pub fn endpoints(rows: &[EndpointRow]) -> Markup {
                         td { (r.tenant.as_deref().unwrap_or("(all)")) }
                         td { @if r.enabled { span.ok { "enabled" } } @else { span.bad { "disabled" } } }
                         td { (rate(&r.health)) }
+                        td { (chart(&r.activity, 24, 60, 96.0, 20.0, "trend", &r.id)) }
                         td {
                             @if let Some(s) = &r.health.last_status { (s) " " }
                             @if let Some(at) = &r.health.last_attempt_at { span.muted { (at) } }
@@ -195,8 +197,60 @@ pub fn endpoint(row: &EndpointRow, attempts: &[AttemptRow], csrf: &str) -> Marku
             tr { th { "waiting to retry" } td { (row.health.pending_retries)
                 @if let Some(at) = &row.health.oldest_pending_retry { span.muted { ", the oldest since " (at) } } } }
         }
+        h2 { "Attempts per minute, last 24 h" }
+        @let (delivered, failed) = row.activity.totals();
+        p.muted { (delivered) " delivered, " (failed) " failed (every stage: first attempts, retries, replays, test sends); "
+            span.ok { "■" } " delivered " span.bad { "■" } " failed" }
+        (chart(&row.activity, 24 * 60, 1, 720.0, 120.0, "activity", &row.id))
+        p.muted { "24 h ago" span style="float:right" { "now" } }
         h2 { "Recent attempts" }
         (attempt_table(attempts, "attempts"))
+    }
+}
+
+/// A stacked bar chart of `activity` (delivered below, failed above), `buckets` bars of
+/// `bucket_minutes` each ending now, as server-rendered SVG. The totals it draws are in
+/// `data-delivered` / `data-failed` (the browser test reads them).
+pub fn chart(
+    activity: &Activity,
+    buckets: usize,
+    bucket_minutes: i64,
+    width: f64,
+    height: f64,
+    class: &str,
+    endpoint: &str,
+) -> Markup {
+    let bars = activity.buckets(buckets, bucket_minutes);
+    let (delivered, failed) = bars
+        .iter()
+        .fold((0u64, 0u64), |(d, f), (d2, f2)| (d + d2, f + f2));
+    let top = bars.iter().map(|(d, f)| d + f).max().unwrap_or(0).max(1) as f64;
+    let w = width / buckets.max(1) as f64;
+    let label = format!(
+        "{delivered} delivered and {failed} failed attempts in the last {} h",
+        buckets as i64 * bucket_minutes / 60
+    );
+    html! {
+        svg class=(class) data-endpoint=(endpoint) data-delivered=(delivered) data-failed=(failed)
+            width=(width) height=(height) viewBox=(format!("0 0 {width} {height}"))
+            role="img" aria-label=(label) style="background:#fff;border:1px solid #e5e7eb" {
+            title { (label) }
+            @for (i, (d, f)) in bars.iter().enumerate() {
+                @if d + f > 0 {
+                    @let x = i as f64 * w;
+                    @let hd = *d as f64 / top * height;
+                    @let hf = *f as f64 / top * height;
+                    @if *d > 0 {
+                        rect x=(format!("{x:.2}")) y=(format!("{:.2}", height - hd)) width=(format!("{:.2}", w.max(0.5)))
+                            height=(format!("{hd:.2}")) fill="#15803d" {}
+                    }
+                    @if *f > 0 {
+                        rect x=(format!("{x:.2}")) y=(format!("{:.2}", height - hd - hf)) width=(format!("{:.2}", w.max(0.5)))
+                            height=(format!("{hf:.2}")) fill="#b91c1c" {}
+                    }
+                }
+            }
+        }
     }
 }
 
@@ -373,6 +427,29 @@ mod tests {
         assert!(!html.contains("\"><img>"), "{html}");
         assert!(html.contains("&lt;script&gt;"));
         assert!(html.contains("2</b> dead deliveries"), "{html}");
+    }
+
+    #[test]
+    fn the_chart_draws_each_minute_in_its_bucket_and_totals_what_it_draws() {
+        let a = Activity {
+            now_minute: 1_000,
+            // 24 h ago exactly is outside; the current minute and one an hour ago are in.
+            minutes: vec![(1_000 - 1_440, 9, 9), (940, 2, 1), (1_000, 3, 0)],
+        };
+        let hourly = a.buckets(24, 60);
+        assert_eq!(hourly.len(), 24);
+        assert_eq!(hourly[23], (3, 0), "the current hour");
+        assert_eq!(hourly[22], (2, 1), "the hour before");
+        assert_eq!(hourly.iter().map(|(d, f)| d + f).sum::<u64>(), 6);
+        let svg = chart(&a, 24 * 60, 1, 720.0, 120.0, "activity", "e<1>").into_string();
+        assert!(
+            svg.contains("data-delivered=\"5\" data-failed=\"1\""),
+            "{svg}"
+        );
+        assert_eq!(svg.matches("<rect").count(), 3, "{svg}");
+        assert!(svg.contains("data-endpoint=\"e&lt;1&gt;\""), "{svg}");
+        let empty = chart(&Activity::default(), 24, 60, 96.0, 20.0, "trend", "x").into_string();
+        assert!(!empty.contains("<rect"), "{empty}");
     }
 
     #[test]

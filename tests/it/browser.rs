@@ -239,6 +239,47 @@ async fn a_tenant_signs_in_sees_the_dead_warning_and_replays_from_the_browser() 
     let test: serde_json::Value = serde_json::from_slice(&got[2].body).expect("json body");
     assert_eq!(test["type"], "hookline.test", "{test}");
 
+    // The endpoint's chart draws exactly the attempts made: the failed first attempt, the
+    // replay and the test send (reload until the delivery log has them all).
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        c.goto(&admin.url("/ui/endpoints/acme-orders"))
+            .await
+            .expect("open");
+        let chart = c
+            .find(Locator::Css("svg.activity[data-endpoint='acme-orders']"))
+            .await
+            .expect("the endpoint's chart");
+        let delivered = chart.attr("data-delivered").await.expect("attr");
+        let failed = chart.attr("data-failed").await.expect("attr");
+        if (delivered.as_deref(), failed.as_deref()) == (Some("2"), Some("1")) {
+            let bars = c
+                .find_all(Locator::Css("svg.activity rect"))
+                .await
+                .expect("bars");
+            assert!(!bars.is_empty(), "bars drawn");
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "chart totals {delivered:?} delivered / {failed:?} failed, expected 2 / 1"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    screenshot(&c, "5-endpoint-chart").await;
+    c.goto(&admin.url("/")).await.expect("open");
+    let trend = c
+        .find(Locator::Css("svg.trend[data-endpoint='acme-orders']"))
+        .await
+        .expect("the endpoint's trend in the list");
+    assert_eq!(
+        (
+            trend.attr("data-delivered").await.expect("attr").as_deref(),
+            trend.attr("data-failed").await.expect("attr").as_deref()
+        ),
+        (Some("2"), Some("1"))
+    );
+
     c.close().await.expect("close the browser");
     admin.stop().await;
     for s in stages {
