@@ -202,7 +202,7 @@ pub fn endpoint(row: &EndpointRow, attempts: &[AttemptRow], csrf: &str) -> Marku
         p.muted { (delivered) " delivered, " (failed) " failed (every stage: first attempts, retries, replays, test sends); "
             span.ok { "■" } " delivered " span.bad { "■" } " failed" }
         (chart(&row.activity, 24 * 60, 1, 720.0, 120.0, "activity", &row.id))
-        p.muted { "24 h ago" span style="float:right" { "now" } }
+        div.muted style="width:720px;display:flex;justify-content:space-between" { span { "24 h ago" } span { "now" } }
         h2 { "Recent attempts" }
         (attempt_table(attempts, "attempts"))
     }
@@ -226,6 +226,8 @@ pub fn chart(
         .fold((0u64, 0u64), |(d, f), (d2, f2)| (d + d2, f + f2));
     let top = bars.iter().map(|(d, f)| d + f).max().unwrap_or(0).max(1) as f64;
     let w = width / buckets.max(1) as f64;
+    // A minute of a day-wide chart is half a pixel: a bar is drawn at least 2 px wide.
+    let bw = w.max(2.0);
     let label = format!(
         "{delivered} delivered and {failed} failed attempts in the last {} h",
         buckets as i64 * bucket_minutes / 60
@@ -237,15 +239,15 @@ pub fn chart(
             title { (label) }
             @for (i, (d, f)) in bars.iter().enumerate() {
                 @if d + f > 0 {
-                    @let x = i as f64 * w;
+                    @let x = (i as f64 * w).min(width - bw).max(0.0);
                     @let hd = *d as f64 / top * height;
                     @let hf = *f as f64 / top * height;
                     @if *d > 0 {
-                        rect x=(format!("{x:.2}")) y=(format!("{:.2}", height - hd)) width=(format!("{:.2}", w.max(0.5)))
+                        rect x=(format!("{x:.2}")) y=(format!("{:.2}", height - hd)) width=(format!("{bw:.2}"))
                             height=(format!("{hd:.2}")) fill="#15803d" {}
                     }
                     @if *f > 0 {
-                        rect x=(format!("{x:.2}")) y=(format!("{:.2}", height - hd - hf)) width=(format!("{:.2}", w.max(0.5)))
+                        rect x=(format!("{x:.2}")) y=(format!("{:.2}", height - hd - hf)) width=(format!("{bw:.2}"))
                             height=(format!("{hf:.2}")) fill="#b91c1c" {}
                     }
                 }
