@@ -165,7 +165,7 @@ impl Health {
     /// (delivered, failed) attempts of an endpoint that started in the last `minutes` minutes
     /// (whole minutes, the current one included; at most [`COUNT_MINUTES`]).
     pub fn counts(&self, endpoint_id: &str, minutes: i64) -> (u64, u64) {
-        let from = now_ms().div_euclid(60_000) - minutes.clamp(1, COUNT_MINUTES) + 1;
+        let from = first_minute(minutes);
         lock(&self.state)
             .minutes
             .get(endpoint_id)
@@ -180,7 +180,7 @@ impl Health {
     /// `minutes` (whole minutes, the current one included; at most [`COUNT_MINUTES`]), oldest
     /// first; the minute is unix ms / 60,000.
     pub fn per_minute(&self, endpoint_id: &str, minutes: i64) -> Vec<(i64, u64, u64)> {
-        let from = now_ms().div_euclid(60_000) - minutes.clamp(1, COUNT_MINUTES) + 1;
+        let from = first_minute(minutes);
         lock(&self.state)
             .minutes
             .get(endpoint_id)
@@ -198,6 +198,12 @@ impl Health {
             .map(|id| (id.clone(), self.report(&id)))
             .collect()
     }
+}
+
+/// The first minute (unix ms / 60,000) of the last `minutes` whole minutes, the current one
+/// included; at most [`COUNT_MINUTES`] are kept.
+fn first_minute(minutes: i64) -> i64 {
+    now_ms().div_euclid(60_000) - minutes.clamp(1, COUNT_MINUTES) + 1
 }
 
 async fn read_loop(

@@ -8,12 +8,11 @@
 //! endpoint is enabled or subscribes to `hookline.test` (checking a disabled endpoint before
 //! enabling it is the point); nothing is written to the event topics.
 
-use std::time::{SystemTime, UNIX_EPOCH};
-
 use bytes::Bytes;
 use rand::Rng as _;
 use serde_json::{json, Value};
 
+use hookline_common::runtime::clock::now_ms;
 use hookline_delivery::{AttemptEvent, AttemptResult};
 
 use crate::replay::Replays;
@@ -79,16 +78,13 @@ impl TestSend {
 
 /// The body of a test event for `endpoint_id` (its tenant's, if it has one).
 pub fn test_event(event_id: &str, endpoint_id: &str, tenant: Option<&str>) -> Value {
-    let sent_at_ms = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64);
     let mut event = json!({
         "id": event_id,
         "type": TEST_EVENT_TYPE,
         "data": {
             "message": "A test event sent by hookline to check this endpoint.",
             "endpoint_id": endpoint_id,
-            "sent_at_ms": sent_at_ms,
+            "sent_at_ms": now_ms(),
         },
     });
     if let Some(t) = tenant {
