@@ -20,10 +20,10 @@ use utoipa::{IntoParams, ToSchema};
 
 use hookline_common::config::{EndpointConfig, EndpointUrl, Secret};
 use hookline_common::contract::delivery::now_ms;
-use hookline_control::endpoint::generate_secret;
+use hookline_control::endpoint::{generate_secret, resolve_headers};
 use hookline_control::health::HealthReport;
 use hookline_control::tracker::Health;
-use hookline_control::{Endpoint, EndpointUpdate, Registry, WriteError};
+use hookline_control::{Endpoint, EndpointUpdate, HeaderEdit, Registry, WriteError};
 
 use crate::auth::Caller;
 use crate::error::{ApiError, ApiResult};
@@ -152,6 +152,44 @@ pub struct CreateEndpoint {
     pub max_concurrency: Option<usize>,
     /// A `whsec_…` secret; absent: one is generated and returned once.
     pub secret: Option<String>,
+    /// Headers sent with every request (not covered by the signature).
+    #[serde(default)]
+    pub headers: Vec<HeaderInput>,
+}
+
+/// A custom header. Refused (400 naming `headers[i].name` / `.value` / `headers`): names
+/// `webhook-*`, `content-*`, `host`, hop-by-hop headers, a name given twice, CR/LF in a value,
+/// more than 8 KiB in all.
+#[derive(Clone, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct HeaderInput {
+    pub name: String,
+    /// Required on create. On update, absent keeps the endpoint's current value of this
+    /// header (how a secret value, never shown again, is kept).
+    pub value: Option<String>,
+    /// Seal the value at rest and never show it again.
+    #[serde(default)]
+    pub secret: bool,
+}
+
+impl std::fmt::Debug for HeaderInput {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        HeaderEdit::from(self.clone()).fmt(f)
+    }
+}
+
+impl From<HeaderInput> for HeaderEdit {
+    fn from(h: HeaderInput) -> Self {
+        HeaderEdit {
+            name: h.name,
+            value: h.value,
+            secret: h.secret,
+        }
+    }
+}
+
+fn header_edits(headers: Vec<HeaderInput>) -> Vec<HeaderEdit> {
+    headers.into_iter().map(HeaderEdit::from).collect()
 }
 
 const fn yes() -> bool {
@@ -190,6 +228,8 @@ pub async fn create(
         .map(|s| Secret::parse(s))
         .collect::<Result<Vec<_>, String>>()
         .map_err(|e| ApiError::field("secret", e))?;
+    let headers = resolve_headers(&header_edits(req.headers), &[])
+        .map_err(|e| ApiError::field(&e.field, e.reason))?;
     let def = EndpointConfig {
         id: req.id,
         url,
@@ -199,6 +239,7 @@ pub async fn create(
         enabled: req.enabled,
         timeout,
         max_concurrency: req.max_concurrency,
+        headers,
     };
     let e = c.registry.create(def).await.map_err(write_error)?;
     tracing::info!(caller = %caller.name, endpoint = %e.id, "endpoint created through the admin api");
@@ -239,6 +280,8 @@ pub struct UpdateEndpoint {
     pub timeout: Option<Value>,
     #[schema(value_type = Option<usize>)]
     pub max_concurrency: Option<Value>,
+    /// The whole list of custom headers (`[]` removes them all).
+    pub headers: Option<Vec<HeaderInput>>,
     /// The version you read: the write fails with 409 if the endpoint changed since.
     pub version: Option<u64>,
 }
@@ -303,12 +346,9 @@ pub async fn update(
         event_types: req.event_types,
         timeout,
         max_concurrency,
+        headers: req.headers.map(header_edits),
     };
-    let changes_definition = change.url.is_some()
-        || change.tenant.is_some()
-        || change.event_types.is_some()
-        || change.timeout.is_some()
-        || change.max_concurrency.is_some();
+    let changes_definition = !change.is_empty();
     let mut expected = req.version;
     let mut e = visible(&c, &caller, &id)?;
     if changes_definition {

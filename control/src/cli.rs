@@ -14,7 +14,7 @@ use hookline_common::config::{Config, EndpointConfig};
 use hookline_common::contract::delivery::now_ms;
 
 use crate::crypto::Keyring;
-use crate::endpoint::{generate_secret, Endpoint};
+use crate::endpoint::{generate_secret, resolve_headers, Endpoint, HeaderEdit};
 use crate::health::HealthReport;
 use crate::ops::EndpointUpdate;
 use crate::registry::{Registry, CATCH_UP_WAIT};
@@ -73,7 +73,45 @@ pub struct AddArgs {
     #[arg(long)]
     pub max_concurrency: Option<usize>,
     #[command(flatten)]
+    pub headers: HeaderArgs,
+    #[command(flatten)]
     pub output: OutputArgs,
+}
+
+/// Custom headers sent with every request (not covered by the signature).
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct HeaderArgs {
+    /// A header sent with every request, `NAME: VALUE` (repeat for several). On `update`, any
+    /// header option replaces the whole list.
+    #[arg(long = "header", value_name = "NAME: VALUE")]
+    pub headers: Vec<String>,
+    /// A header whose value is secret: sealed at rest, never shown again. On `update`, a bare
+    /// `NAME` keeps its current value.
+    #[arg(long = "secret-header", value_name = "NAME: VALUE")]
+    pub secret_headers: Vec<String>,
+}
+
+impl HeaderArgs {
+    /// The header list given (`--header` ones, then `--secret-header` ones); `None` if no
+    /// header option was given.
+    pub fn edits(&self) -> Option<Vec<HeaderEdit>> {
+        let split = |text: &String, secret: bool| match text.split_once(':') {
+            Some((name, value)) => HeaderEdit {
+                name: name.trim().to_string(),
+                value: Some(value.trim_start().to_string()),
+                secret,
+            },
+            None => HeaderEdit {
+                name: text.trim().to_string(),
+                value: None,
+                secret,
+            },
+        };
+        let all: Vec<HeaderEdit> = (self.headers.iter().map(|h| split(h, false)))
+            .chain(self.secret_headers.iter().map(|h| split(h, true)))
+            .collect();
+        (!all.is_empty()).then_some(all)
+    }
 }
 
 /// The fields `update` can change.
@@ -101,6 +139,11 @@ pub struct UpdateArgs {
     pub timeout: Option<Duration>,
     #[arg(long)]
     pub max_concurrency: Option<usize>,
+    #[command(flatten)]
+    pub headers: HeaderArgs,
+    /// Remove every custom header.
+    #[arg(long, conflicts_with_all = ["headers", "secret_headers"])]
+    pub no_headers: bool,
     /// Refuse (exit 1) unless the endpoint is at this version (optimistic concurrency).
     #[arg(long, value_name = "VERSION")]
     pub if_version: Option<u64>,
@@ -246,6 +289,8 @@ pub async fn run(
                 .map(|s| hookline_common::config::Secret::parse(s))
                 .collect::<Result<Vec<_>, String>>()
                 .map_err(|e| anyhow::anyhow!("--secret: {e}"))?;
+            let headers = resolve_headers(&a.headers.edits().unwrap_or_default(), &[])
+                .map_err(|e| anyhow::anyhow!("--header: {e}"))?;
             let e = registry
                 .create(EndpointConfig {
                     id: a.id.clone(),
@@ -256,6 +301,7 @@ pub async fn run(
                     enabled: !a.disabled,
                     timeout: a.timeout,
                     max_concurrency: a.max_concurrency,
+                    headers,
                 })
                 .await?;
             let shown = generated.then(|| secrets[0].clone());
@@ -276,6 +322,11 @@ pub async fn run(
                 },
                 timeout: u.timeout.map(Some),
                 max_concurrency: u.max_concurrency.map(Some),
+                headers: if u.no_headers {
+                    Some(Vec::new())
+                } else {
+                    u.headers.edits()
+                },
             };
             let e = registry.update(&u.id, change, u.if_version).await?;
             print_written(out, "updated", &e, None, u.output.json())?;
@@ -397,6 +448,10 @@ fn print_written(
         return Ok(());
     }
     writeln!(out, "{what} {} (version {})", e.id, e.version)?;
+    for h in &e.headers {
+        let value = if h.secret { "(secret)" } else { h.value_text() };
+        writeln!(out, "header {}: {value}", h.name)?;
+    }
     if let Some(s) = new_secret {
         writeln!(out, "secret: {s}")?;
         writeln!(out, "(shown once: configure it on the receiver)")?;

@@ -65,14 +65,22 @@ struct Key {
 }
 
 /// The secret sources of this process: the current key (seals) and older ones (open only),
-/// and the config file's endpoint secrets — a file-managed endpoint's secrets never leave the
-/// file (its record on `<p>.endpoints` carries none), so a file-only installation needs no key.
+/// and the config file's endpoint secrets and custom headers — a file-managed endpoint's
+/// secrets and headers never leave the file (its record on `<p>.endpoints` carries none), so a
+/// file-only installation needs no key.
 #[derive(Default)]
 pub struct Keyring {
     current: Option<Key>,
     old: Vec<Key>,
-    /// `[[endpoints]]` id → its `secrets`, as this process's config file has them.
-    file: std::collections::HashMap<String, Vec<String>>,
+    /// `[[endpoints]]` id → its `secrets` and `headers`, as this process's config file has them.
+    file: std::collections::HashMap<String, FileEndpoint>,
+}
+
+/// A file-managed endpoint's secrets and custom headers, as this process's config file has them.
+#[derive(Clone, Default)]
+pub struct FileEndpoint {
+    pub secrets: Vec<String>,
+    pub headers: Vec<hookline_common::config::CustomHeader>,
 }
 
 impl fmt::Debug for Keyring {
@@ -114,8 +122,8 @@ fn parse_key(var: &str, text: &str) -> Result<Key, CryptoError> {
 }
 
 impl Keyring {
-    /// The same keys, with the config file's endpoint secrets (see [`Keyring`]).
-    pub fn with_file_secrets(
+    /// The same keys, with the config file's endpoint secrets and headers (see [`Keyring`]).
+    pub fn with_file_endpoints(
         mut self,
         endpoints: &[hookline_common::config::EndpointConfig],
     ) -> Keyring {
@@ -124,16 +132,19 @@ impl Keyring {
             .map(|e| {
                 (
                     e.id.clone(),
-                    e.secrets.iter().map(|s| s.to_text()).collect(),
+                    FileEndpoint {
+                        secrets: e.secrets.iter().map(|s| s.to_text()).collect(),
+                        headers: e.headers.clone(),
+                    },
                 )
             })
             .collect();
         self
     }
 
-    /// The secrets the config file gives endpoint `id`; `None` if the file does not list it.
-    pub fn file_secrets(&self, id: &str) -> Option<&[String]> {
-        self.file.get(id).map(Vec::as_slice)
+    /// What the config file gives endpoint `id`; `None` if the file does not list it.
+    pub fn file_endpoint(&self, id: &str) -> Option<&FileEndpoint> {
+        self.file.get(id)
     }
 
     /// No key: reading works, but secrets can neither be sealed nor opened.

@@ -10,10 +10,14 @@ use base64::Engine as _;
 use rand::RngCore as _;
 use serde_json::{json, Value};
 
-use hookline_common::config::{Config, ConfigError, EndpointConfig, EndpointUrl, Secret};
+use hookline_common::config::{
+    Config, ConfigError, CustomHeader, EndpointConfig, EndpointUrl, Secret,
+};
 
 use crate::crypto::{CryptoError, Keyring};
-use crate::record::{EndpointRecord, ManagedBy, SealedSecret, SCHEMA};
+use crate::record::{
+    EndpointRecord, ManagedBy, RecordHeader, SealedSecret, SCHEMA, SCHEMA_WITHOUT_HEADERS,
+};
 
 /// A `whsec_` secret and when it stops signing (`None`: until rotated out).
 #[derive(Clone, PartialEq, Eq)]
@@ -52,6 +56,8 @@ pub struct Endpoint {
     pub max_concurrency: Option<usize>,
     /// Newest first.
     pub secrets: Vec<SigningSecret>,
+    /// Custom headers, secret values opened.
+    pub headers: Vec<CustomHeader>,
     pub managed_by: ManagedBy,
     pub disabled_reason: Option<String>,
     pub created_at_ms: i64,
@@ -71,13 +77,17 @@ impl Endpoint {
         let mut problem = None;
         let mut secrets = Vec::new();
         let mut needs_reencryption = false;
+        let mut headers = Vec::new();
         if r.managed_by == ManagedBy::File {
-            // Its secrets are in the config file, not on the topic.
-            match keyring.file_secrets(&r.id) {
-                Some(file) => secrets.extend(file.iter().map(|s| SigningSecret {
-                    secret: s.clone(),
-                    expires_at_ms: None,
-                })),
+            // Its secrets and headers are in the config file, not on the topic.
+            match keyring.file_endpoint(&r.id) {
+                Some(file) => {
+                    secrets.extend(file.secrets.iter().map(|s| SigningSecret {
+                        secret: s.clone(),
+                        expires_at_ms: None,
+                    }));
+                    headers.clone_from(&file.headers);
+                }
                 None => {
                     problem =
                         Some("file-managed, but this process's config file does not list it".into())
@@ -96,6 +106,26 @@ impl Endpoint {
                 }
             }
         }
+        for (i, h) in r.headers.iter().enumerate() {
+            let value = match (&h.value, &h.sealed) {
+                (_, Some(sealed)) => {
+                    needs_reencryption |= !keyring.is_current(sealed);
+                    keyring.open(&r.id, sealed).map_err(|e| e.to_string())
+                }
+                (Some(v), None) => Ok(v.clone()),
+                (None, None) => Err("neither a value nor a sealed one".into()),
+            };
+            match value.and_then(|v| {
+                CustomHeader::parse(&h.name, &v, h.sealed.is_some())
+                    .map_err(|(part, why)| format!("{part}: {why}"))
+            }) {
+                Ok(header) => headers.push(header),
+                // Never sent without it: the receiver's gateway would refuse every request.
+                Err(e) => {
+                    problem.get_or_insert(format!("headers[{i}]: {e}"));
+                }
+            }
+        }
         Endpoint {
             id: r.id,
             url: r.url,
@@ -105,6 +135,7 @@ impl Endpoint {
             timeout: r.timeout,
             max_concurrency: r.max_concurrency,
             secrets,
+            headers,
             managed_by: r.managed_by,
             disabled_reason: r.disabled_reason,
             created_at_ms: r.created_at_ms,
@@ -143,6 +174,7 @@ impl Endpoint {
                     expires_at_ms: None,
                 })
                 .collect(),
+            headers: d.headers.clone(),
             managed_by,
             disabled_reason: (!d.enabled).then(|| why_disabled.to_string()),
             created_at_ms: current.map_or(now, |c| c.created_at_ms),
@@ -153,15 +185,31 @@ impl Endpoint {
         }
     }
 
-    /// The record of this endpoint, every secret sealed afresh with the current key (none for a
-    /// file-managed endpoint: its secrets stay in the config file).
+    /// The record of this endpoint, every secret (and secret header value) sealed afresh with
+    /// the current key (none for a file-managed endpoint: its secrets and headers stay in the
+    /// config file).
     pub fn to_record(&self, keyring: &Keyring) -> Result<EndpointRecord, CryptoError> {
-        // A file-managed endpoint's secrets stay in the file.
-        let on_topic: &[SigningSecret] = if self.managed_by == ManagedBy::File {
-            &[]
-        } else {
-            &self.secrets
-        };
+        let (on_topic, headers_on_topic): (&[SigningSecret], &[CustomHeader]) =
+            if self.managed_by == ManagedBy::File {
+                (&[], &[])
+            } else {
+                (&self.secrets, &self.headers)
+            };
+        let headers = headers_on_topic
+            .iter()
+            .map(|h| {
+                let (value, sealed) = if h.secret {
+                    (None, Some(keyring.seal(&self.id, h.value_text())?))
+                } else {
+                    (Some(h.value_text().to_string()), None)
+                };
+                Ok(RecordHeader {
+                    name: h.name.as_str().to_string(),
+                    value,
+                    sealed,
+                })
+            })
+            .collect::<Result<Vec<_>, CryptoError>>()?;
         let secrets = on_topic
             .iter()
             .map(|s| {
@@ -172,7 +220,11 @@ impl Endpoint {
             })
             .collect::<Result<Vec<_>, CryptoError>>()?;
         Ok(EndpointRecord {
-            schema: SCHEMA,
+            schema: if headers.is_empty() {
+                SCHEMA_WITHOUT_HEADERS
+            } else {
+                SCHEMA
+            },
             id: self.id.clone(),
             url: self.url.clone(),
             tenant: self.tenant.clone(),
@@ -181,6 +233,7 @@ impl Endpoint {
             timeout: self.timeout,
             max_concurrency: self.max_concurrency,
             secrets,
+            headers,
             managed_by: self.managed_by,
             disabled_reason: self.disabled_reason.clone(),
             created_at_ms: self.created_at_ms,
@@ -216,6 +269,7 @@ impl Endpoint {
             enabled: self.enabled && self.problem.is_none(),
             timeout: self.timeout,
             max_concurrency: self.max_concurrency,
+            headers: self.headers.clone(),
         })
     }
 
@@ -231,7 +285,8 @@ impl Endpoint {
         })
     }
 
-    /// JSON for listings and the API: everything but secret values (count and expiries only).
+    /// JSON for listings and the API: everything but secret values (count and expiries only;
+    /// a secret header's name, never its value).
     pub fn to_json(&self, now_ms: i64) -> Value {
         json!({
             "id": self.id,
@@ -245,6 +300,11 @@ impl Endpoint {
             "secrets": self.secrets.iter().map(|s| json!({
                 "expires_at_ms": s.expires_at_ms,
                 "signing": s.active_at(now_ms),
+            })).collect::<Vec<_>>(),
+            "headers": self.headers.iter().map(|h| json!({
+                "name": h.name.as_str(),
+                "value": (!h.secret).then(|| h.value_text()),
+                "secret": h.secret,
             })).collect::<Vec<_>>(),
             "managed_by": self.managed_by.as_str(),
             "created_at_ms": self.created_at_ms,
@@ -333,6 +393,72 @@ impl fmt::Display for FieldError {
     }
 }
 
+/// A custom header as a write (API, CLI, dashboard) gives it. `value` absent keeps the value
+/// the endpoint has for that name: how a secret one, never shown again, is kept on an edit.
+#[derive(Clone, PartialEq, Eq)]
+pub struct HeaderEdit {
+    pub name: String,
+    pub value: Option<String>,
+    pub secret: bool,
+}
+
+impl fmt::Debug for HeaderEdit {
+    // The value may be a token.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("HeaderEdit")
+            .field("name", &self.name)
+            .field("value", &self.value.as_ref().map(|_| "redacted"))
+            .field("secret", &self.secret)
+            .finish()
+    }
+}
+
+impl From<&CustomHeader> for HeaderEdit {
+    fn from(h: &CustomHeader) -> Self {
+        HeaderEdit {
+            name: h.name.as_str().to_string(),
+            value: Some(h.value_text().to_string()),
+            secret: h.secret,
+        }
+    }
+}
+
+/// The headers `edits` make of an endpoint that has `current`; an error names
+/// `headers[i].name` or `headers[i].value`. Duplicates and the 8 KiB total are the config
+/// loader's checks ([`validate`]).
+pub fn resolve_headers(
+    edits: &[HeaderEdit],
+    current: &[CustomHeader],
+) -> Result<Vec<CustomHeader>, FieldError> {
+    edits
+        .iter()
+        .enumerate()
+        .map(|(i, e)| {
+            let bad = |part: &str, reason: String| FieldError {
+                field: format!("headers[{i}].{part}"),
+                reason,
+            };
+            let value = match &e.value {
+                Some(v) => v.clone(),
+                None => {
+                    let name = CustomHeader::parse_name(&e.name).map_err(|r| bad("name", r))?;
+                    current
+                        .iter()
+                        .find(|c| c.name == name)
+                        .map(|c| c.value_text().to_string())
+                        .ok_or_else(|| {
+                            bad(
+                                "value",
+                                format!("required: `{}` has no current value to keep", e.name),
+                            )
+                        })?
+                }
+            };
+            CustomHeader::parse(&e.name, &value, e.secret).map_err(|(part, r)| bad(part, r))
+        })
+        .collect()
+}
+
 /// Checks a definition with the config file's own rules (it is run through the config loader
 /// as the only `[[endpoints]]` entry of a minimal file).
 pub fn validate(def: &EndpointConfig) -> Result<(), FieldError> {
@@ -361,6 +487,14 @@ pub fn validate(def: &EndpointConfig) -> Result<(), FieldError> {
         let n = i64::try_from(n).unwrap_or(i64::MAX);
         ep.insert("max_concurrency".into(), n.into());
     }
+    let headers = def.headers.iter().map(|h| {
+        let mut t = toml::Table::new();
+        t.insert("name".into(), h.name.as_str().into());
+        t.insert("value".into(), h.value_text().into());
+        t.insert("secret".into(), h.secret.into());
+        toml::Value::Table(t)
+    });
+    ep.insert("headers".into(), toml::Value::Array(headers.collect()));
     let mut kafka = toml::Table::new();
     kafka.insert("bootstrap_servers".into(), "validation:1".into());
     let mut root = toml::Table::new();
@@ -405,6 +539,7 @@ mod tests {
             enabled: true,
             timeout: Some(Duration::from_millis(2500)),
             max_concurrency: Some(4),
+            headers: vec![],
         }
     }
 
@@ -437,6 +572,99 @@ mod tests {
         assert!(EndpointUrl::parse("https://u:p@x").is_err());
         let bad = Secret::parse("whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSX!").expect_err("bad secret");
         assert!(!bad.contains("MfKQ9r8"), "{bad}");
+    }
+
+    fn header(name: &str, value: &str, secret: bool) -> CustomHeader {
+        CustomHeader::parse(name, value, secret).expect("valid header")
+    }
+
+    fn edit(name: &str, value: Option<&str>, secret: bool) -> HeaderEdit {
+        HeaderEdit {
+            name: name.into(),
+            value: value.map(str::to_string),
+            secret,
+        }
+    }
+
+    #[test]
+    fn headers_validate_through_the_config_loader_and_keep_secret_values_on_edit() {
+        let mut d = def();
+        d.headers = vec![
+            header("X-A", "1", false),
+            header("Authorization", "tok", true),
+        ];
+        assert_eq!(validate(&d), Ok(()));
+        d.headers.push(header("x-a", "2", false));
+        assert_eq!(validate(&d).expect_err("dup").field, "headers[2].name");
+        d.headers = (0..3)
+            .map(|i| header(&format!("X-{i}"), &"v".repeat(3000), false))
+            .collect();
+        assert_eq!(validate(&d).expect_err("8 KiB").field, "headers");
+
+        let current = vec![header("Authorization", "Bearer old", true)];
+        let kept = resolve_headers(
+            &[
+                edit("authorization", None, true),
+                edit("X-B", Some("b"), false),
+            ],
+            &current,
+        )
+        .expect("kept");
+        assert_eq!(kept[0].value_text(), "Bearer old");
+        assert_eq!(kept[1].value_text(), "b");
+        let err = resolve_headers(
+            &[edit("X-B", Some("b"), false), edit("X-New", None, true)],
+            &current,
+        )
+        .expect_err("nothing to keep");
+        assert_eq!(err.field, "headers[1].value");
+        let err = resolve_headers(&[edit("Webhook-Id", Some("x"), false)], &[]).expect_err("ours");
+        assert_eq!(err.field, "headers[0].name");
+        let err = resolve_headers(&[edit("X-A", Some("a\nb"), false)], &[]).expect_err("crlf");
+        assert_eq!(err.field, "headers[0].value");
+        assert!(!format!("{:?}", edit("A", Some("tok-9"), true)).contains("tok-9"));
+    }
+
+    #[test]
+    fn secret_header_values_are_sealed_in_the_record() {
+        let key = Keyring::generate_key();
+        let k = Keyring::from_base64(Some(&key), &[]).expect("key");
+        let e = Endpoint {
+            headers: vec![
+                header("X-Plain", "visible", false),
+                header("Authorization", "Bearer tok-7", true),
+            ],
+            ..endpoint()
+        };
+        let r = e.to_record(&k).expect("seal");
+        assert_eq!(r.schema, SCHEMA, "a process from before headers skips it");
+        let bytes = String::from_utf8_lossy(&r.to_bytes()).into_owned();
+        assert!(
+            bytes.contains("visible") && !bytes.contains("tok-7"),
+            "{bytes}"
+        );
+        assert_eq!(Endpoint::from_record(r.clone(), &k), e);
+        let json = e.to_json(0).to_string();
+        assert!(
+            json.contains("visible") && !json.contains("tok-7"),
+            "{json}"
+        );
+        let blind = Endpoint::from_record(r, &Keyring::empty());
+        assert!(
+            blind
+                .problem
+                .as_deref()
+                .is_some_and(|p| p.contains("headers[1]")),
+            "{blind:?}"
+        );
+        assert!(
+            !blind.config_at(0).expect("parses").enabled,
+            "never sent without it"
+        );
+        assert_eq!(
+            endpoint().to_record(&k).expect("plain").schema,
+            SCHEMA_WITHOUT_HEADERS
+        );
     }
 
     #[test]
@@ -482,6 +710,7 @@ mod tests {
             enabled: true,
             timeout: None,
             max_concurrency: None,
+            headers: vec![],
             secrets: vec![],
             managed_by: ManagedBy::Api,
             disabled_reason: None,

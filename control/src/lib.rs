@@ -35,7 +35,7 @@ pub mod tracker;
 pub(crate) mod writer;
 
 pub use crypto::Keyring;
-pub use endpoint::{Endpoint, EndpointSet, SigningSecret};
+pub use endpoint::{Endpoint, EndpointSet, HeaderEdit, SigningSecret};
 pub use ops::{EndpointUpdate, WriteError};
 pub use plane::Plane;
 pub use registry::Registry;

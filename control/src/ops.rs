@@ -8,7 +8,7 @@ use std::time::Duration;
 use hookline_common::config::EndpointConfig;
 
 use crate::crypto::CryptoError;
-use crate::endpoint::{rotated, validate, Endpoint, FieldError};
+use crate::endpoint::{resolve_headers, rotated, validate, Endpoint, FieldError, HeaderEdit};
 use crate::operational::OperationalEvent;
 use crate::record::ManagedBy;
 use crate::registry::Registry;
@@ -74,6 +74,20 @@ pub struct EndpointUpdate {
     pub event_types: Option<Vec<String>>,
     pub timeout: Option<Option<Duration>>,
     pub max_concurrency: Option<Option<usize>>,
+    /// The whole list of custom headers (a header without a value keeps its current one).
+    pub headers: Option<Vec<HeaderEdit>>,
+}
+
+impl EndpointUpdate {
+    /// Whether it changes anything.
+    pub fn is_empty(&self) -> bool {
+        self.url.is_none()
+            && self.tenant.is_none()
+            && self.event_types.is_none()
+            && self.timeout.is_none()
+            && self.max_concurrency.is_none()
+            && self.headers.is_none()
+    }
 }
 
 /// The existing endpoint, checked against the expected version and ownership.
@@ -153,6 +167,9 @@ impl Registry {
                 if let Some(m) = change.max_concurrency {
                     next.max_concurrency = m;
                 }
+                if let Some(h) = &change.headers {
+                    next.headers = resolve_headers(h, &e.headers).map_err(WriteError::Invalid)?;
+                }
                 let def = next.definition().ok_or_else(|| {
                     WriteError::Invalid(FieldError {
                         field: "url".into(),
@@ -172,7 +189,7 @@ impl Registry {
     }
 
     /// Creates the endpoint, or replaces its definition (`url`, `tenant`, `event_types`,
-    /// `enabled`, `timeout`, `max_concurrency`; secrets are kept — they change through
+    /// `enabled`, `timeout`, `max_concurrency`, `headers`; secrets are kept — they change through
     /// [`Registry::rotate_secret`]): the admin API's `PUT`. `expected` applies to an existing one.
     pub async fn put(
         &self,
@@ -192,6 +209,7 @@ impl Registry {
             event_types: Some(def.event_types.clone()),
             timeout: Some(def.timeout),
             max_concurrency: Some(def.max_concurrency),
+            headers: Some(def.headers.iter().map(HeaderEdit::from).collect()),
         };
         let updated = self.update(&def.id, change, expected).await?;
         if updated.enabled == def.enabled {
@@ -329,7 +347,8 @@ impl Registry {
     }
 
     fn require_key(&self, def: &EndpointConfig) -> Result<(), WriteError> {
-        if !def.secrets.is_empty() && self.keyring().current_id().is_none() {
+        let sealed = !def.secrets.is_empty() || def.headers.iter().any(|h| h.secret);
+        if sealed && self.keyring().current_id().is_none() {
             return Err(CryptoError::NoKey.into());
         }
         Ok(())

@@ -219,6 +219,7 @@ mod tests {
             enabled: true,
             timeout: None,
             max_concurrency: None,
+            headers: vec![],
         }
     }
 

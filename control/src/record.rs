@@ -2,7 +2,8 @@
 //! [`EndpointRecord`], a tombstone (no value) deletes. The definition fields are the config
 //! file's `[[endpoints]]` fields with the same names and meaning (`id`, `url`, `tenant`,
 //! `event_types`, `enabled`, `timeout`, `max_concurrency`); `secrets` are sealed
-//! ([`crate::crypto`]) and may expire (rotation); the rest is bookkeeping.
+//! ([`crate::crypto`]) and may expire (rotation); `headers` carry their value in the clear or,
+//! for a secret one, `sealed` like a secret; the rest is bookkeeping.
 //!
 //! ```json
 //! {"schema":1,"id":"crm","url":"https://crm.example/hook","tenant":"acme",
@@ -19,8 +20,14 @@ use serde::{Deserialize, Serialize};
 
 use crate::crypto::Sealed;
 
-/// Version of the record layout; readers skip (and count) records of a newer one.
-pub const SCHEMA: u32 = 1;
+/// The newest record layout this version reads and writes; readers skip (and count) records of
+/// a newer one, keeping the endpoint's previous state.
+pub const SCHEMA: u32 = 2;
+
+/// The layout of a record without custom headers: written as 1 so that a process from before
+/// headers existed reads it; one with headers is written as [`SCHEMA`], which such a process
+/// skips (it keeps the previous definition rather than send without the headers).
+pub const SCHEMA_WITHOUT_HEADERS: u32 = 1;
 
 /// Who owns an endpoint's definition.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -50,6 +57,16 @@ pub struct SealedSecret {
     pub expires_at_ms: Option<i64>,
 }
 
+/// One custom header: its value in the clear, or sealed when it is secret.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RecordHeader {
+    pub name: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub value: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sealed: Option<Sealed>,
+}
+
 /// The value of a `<p>.endpoints` record.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct EndpointRecord {
@@ -67,6 +84,9 @@ pub struct EndpointRecord {
     pub max_concurrency: Option<usize>,
     #[serde(default)]
     pub secrets: Vec<SealedSecret>,
+    /// Custom headers (none for a file-managed endpoint: they stay in the file).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub headers: Vec<RecordHeader>,
     pub managed_by: ManagedBy,
     /// Why it is disabled (`manual`, `auto: …`), when it is.
     #[serde(default)]
@@ -126,6 +146,22 @@ mod tests {
                 },
                 expires_at_ms: Some(5),
             }],
+            headers: vec![
+                RecordHeader {
+                    name: "x-api-key".into(),
+                    value: Some("k1".into()),
+                    sealed: None,
+                },
+                RecordHeader {
+                    name: "authorization".into(),
+                    value: None,
+                    sealed: Some(Sealed {
+                        kid: "1f2e3d4c".into(),
+                        nonce: "bm9uY2U=".into(),
+                        ciphertext: "Y3Q=".into(),
+                    }),
+                },
+            ],
             managed_by: ManagedBy::Api,
             disabled_reason: None,
             created_at_ms: 1,
@@ -143,6 +179,12 @@ mod tests {
         assert_eq!(v["managed_by"], "api");
         assert_eq!(v["secrets"][0]["kid"], "1f2e3d4c");
         assert_eq!(v["secrets"][0]["expires_at_ms"], 5);
+        assert_eq!(
+            v["headers"][0],
+            serde_json::json!({"name": "x-api-key", "value": "k1"})
+        );
+        assert_eq!(v["headers"][1]["sealed"]["kid"], "1f2e3d4c");
+        assert!(v["headers"][1].get("value").is_none());
         assert_eq!(EndpointRecord::parse("crm", &bytes), Ok(r));
     }
 
@@ -156,7 +198,7 @@ mod tests {
             .unwrap_err()
             .contains("not JSON"));
         let mut v: serde_json::Value = serde_json::from_slice(&r.to_bytes()).expect("json");
-        v["schema"] = 2.into();
+        v["schema"] = (SCHEMA + 1).into();
         let newer = serde_json::to_vec(&v).expect("json");
         assert!(EndpointRecord::parse("crm", &newer)
             .unwrap_err()

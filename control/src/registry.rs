@@ -81,7 +81,7 @@ impl Registry {
             &[Source::all(&topic, StartAt::Beginning)],
         )
         .await?;
-        let keyring = Arc::new(keyring.with_file_secrets(&config.endpoints));
+        let keyring = Arc::new(keyring.with_file_endpoints(&config.endpoints));
         let (tx, rx) = watch::channel(Snapshot::default());
         let task = tokio::spawn(apply_loop(
             tail,

@@ -141,6 +141,7 @@ mod tests {
             enabled,
             timeout: None,
             max_concurrency: None,
+            headers: vec![],
         }
     }
 

@@ -254,6 +254,13 @@ impl Engine {
         };
 
         headers.insert(USER_AGENT, self.inner.user_agent.clone());
+        // The endpoint's own headers, after ours: the config refuses names that would replace
+        // a webhook-*, content-* or connection header; a `user-agent` of its own wins.
+        for h in &endpoint.headers {
+            let mut value = h.value.clone();
+            value.set_sensitive(h.secret);
+            headers.insert(h.name.clone(), value);
+        }
         let mut request = Request::new(client::Body::new(body));
         *request.method_mut() = Method::POST;
         *request.uri_mut() = endpoint.url.as_uri().clone();

@@ -54,6 +54,7 @@ fn endpoint(url: String) -> EndpointConfig {
         enabled: true,
         timeout: None,
         max_concurrency: None,
+        headers: Vec::new(),
     }
 }
 
@@ -141,6 +142,45 @@ async fn delivered_with_exact_body_headers_and_verifiable_signatures() {
         let key = decode_secret(secret).expect("key");
         assert!(signing::verify(&key, "evt_1", timestamp, got, &signature));
     }
+}
+
+#[tokio::test]
+async fn custom_headers_go_out_with_the_request_and_outside_the_signature() {
+    let rec = Arc::new(Recorded::default());
+    let addr = serve(
+        Router::new()
+            .route("/", post(record))
+            .with_state(rec.clone()),
+    )
+    .await;
+    let mut ep = endpoint(format!("http://{addr}/"));
+    ep.secrets = vec![secret(SECRET_A)];
+    let header = |n: &str, v: &str, secret: bool| {
+        hookline_common::config::CustomHeader::parse(n, v, secret).expect("a valid header")
+    };
+    ep.headers = vec![
+        header("X-Api-Key", "k1", false),
+        header("Authorization", "Bearer tok", true),
+        header("User-Agent", "acme-gateway/2", false),
+    ];
+    let outcome = engine().deliver(&ep, "evt_h", body("{}"), 1).await;
+    assert!(outcome.result.is_delivered(), "{outcome:?}");
+    let requests = lock(&rec.requests);
+    let (headers, got) = &requests[0];
+    assert_eq!(headers["x-api-key"], "k1");
+    assert_eq!(headers["authorization"], "Bearer tok");
+    assert_eq!(
+        headers["user-agent"], "acme-gateway/2",
+        "the endpoint's own wins"
+    );
+    let timestamp: i64 = headers["webhook-timestamp"]
+        .to_str()
+        .expect("ascii")
+        .parse()
+        .expect("timestamp");
+    let key = decode_secret(SECRET_A).expect("key");
+    let signature = headers["webhook-signature"].to_str().expect("ascii");
+    assert!(signing::verify(&key, "evt_h", timestamp, got, signature));
 }
 
 #[tokio::test]

@@ -97,7 +97,7 @@ fn client() -> reqwest::Client {
         .expect("client")
 }
 
-async fn call(
+pub async fn call(
     method: reqwest::Method,
     url: &str,
     token: Option<&str>,
@@ -119,16 +119,16 @@ async fn call(
     )
 }
 
-async fn get(url: &str, token: Option<&str>) -> (StatusCode, Value) {
+pub async fn get(url: &str, token: Option<&str>) -> (StatusCode, Value) {
     call(reqwest::Method::GET, url, token, None).await
 }
 
-async fn post(url: &str, token: Option<&str>, body: Value) -> (StatusCode, Value) {
+pub async fn post(url: &str, token: Option<&str>, body: Value) -> (StatusCode, Value) {
     call(reqwest::Method::POST, url, token, Some(body)).await
 }
 
 /// Polls the dead-letter list (admin token) until it holds `n` items.
-async fn wait_dead(admin: &Admin, n: usize) -> Vec<Value> {
+pub async fn wait_dead(admin: &Admin, n: usize) -> Vec<Value> {
     let deadline = Instant::now() + Duration::from_secs(90);
     loop {
         let (status, page) = get(&admin.url("/v1/dead-letters"), Some(ADMIN_TOKEN)).await;
@@ -461,7 +461,7 @@ async fn fifty_concurrent_posts_with_one_key_are_one_delivery_across_admin_resta
     }
 }
 
-async fn send(
+pub async fn send(
     method: reqwest::Method,
     admin: &Admin,
     path: &str,

@@ -30,6 +30,7 @@ fn def(id: &str, url: &str) -> EndpointConfig {
         enabled: true,
         timeout: None,
         max_concurrency: None,
+        headers: vec![],
     }
 }
 
@@ -624,6 +625,54 @@ async fn endpoints_cli_manages_the_registry_against_kafka() {
     assert_eq!(out.status.code(), Some(1));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("version 4, not the expected 1"), "{err}");
+
+    // Custom headers: set, shown without the secret value, the secret kept by a bare name on an
+    // update; a forbidden one refused naming the field.
+    let out = run(&[
+        "endpoints",
+        "update",
+        "crm",
+        "--header",
+        "X-Api-Key: k1",
+        "--secret-header",
+        "Authorization: Bearer cli-tok",
+    ]);
+    assert!(
+        out.contains("header x-api-key: k1") && out.contains("header authorization: (secret)"),
+        "{out}"
+    );
+    assert!(!out.contains("cli-tok"), "{out}");
+    let json = run(&[
+        "endpoints",
+        "update",
+        "crm",
+        "--header",
+        "X-Api-Key: k2",
+        "--secret-header",
+        "Authorization",
+        "--json",
+    ]);
+    let v: serde_json::Value = serde_json::from_str(json.trim()).expect("json");
+    assert_eq!(
+        v["headers"],
+        serde_json::json!([{"name": "x-api-key", "value": "k2", "secret": false},
+                           {"name": "authorization", "value": null, "secret": true}])
+    );
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_hookline"))
+        .arg("--config")
+        .arg(&path)
+        .args(["endpoints", "update", "crm", "--header", "Webhook-Id: x"])
+        .env("HOOKLINE_SECRETS_KEY", &key)
+        .output()
+        .expect("run");
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("headers[0].name") && err.contains("webhook-*"),
+        "{err}"
+    );
+    let cleared = run(&["endpoints", "update", "crm", "--no-headers", "--json"]);
+    assert!(cleared.contains("\"headers\":[]"), "{cleared}");
 
     run(&["endpoints", "delete", "crm"]);
     assert!(run(&["endpoints", "list"]).contains("0 endpoint(s)"));

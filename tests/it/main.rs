@@ -5,6 +5,7 @@ mod admin;
 mod bench;
 mod browser;
 mod control;
+mod controls;
 mod dedupe;
 mod demo;
 mod deploy;

@@ -33,6 +33,10 @@ pub struct EndpointConfig {
     pub timeout: Option<Duration>,
     #[serde(default)]
     pub max_concurrency: Option<usize>,
+    /// Headers sent with every request (an auth token the receiver's gateway wants); not
+    /// covered by the signature.
+    #[serde(default)]
+    pub headers: Vec<CustomHeader>,
 }
 
 const fn enabled() -> bool {
@@ -54,6 +58,7 @@ impl fmt::Debug for EndpointConfig {
             .field("enabled", &self.enabled)
             .field("timeout", &self.timeout)
             .field("max_concurrency", &self.max_concurrency)
+            .field("headers", &self.headers)
             .finish()
     }
 }
@@ -169,6 +174,147 @@ impl<'de> Deserialize<'de> for Secret {
     }
 }
 
+/// The most header bytes (`name: value\r\n` each) an endpoint may add to a request.
+pub const CUSTOM_HEADERS_MAX_BYTES: usize = 8 * 1024;
+
+/// Header names an endpoint may not set: hop-by-hop headers (RFC 9110 §7.6.1 and the
+/// historical ones) and `host`; `webhook-*` and `content-*` are refused by prefix.
+const RESERVED_HEADERS: &[&str] = &[
+    "host",
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "proxy-authenticate",
+    "proxy-authorization",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
+];
+
+/// A header an endpoint adds to every request (`headers = [{ name, value, secret }]`), parsed
+/// at load. Its value is not covered by the signature. A `secret` value is sealed at rest by the
+/// control plane, never shown by the API and never logged.
+#[derive(Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CustomHeader {
+    #[serde(deserialize_with = "de_header_name")]
+    pub name: http::HeaderName,
+    #[serde(deserialize_with = "de_header_value")]
+    pub value: http::HeaderValue,
+    #[serde(default)]
+    pub secret: bool,
+}
+
+impl CustomHeader {
+    /// Checks a header as given; the error names the part (`name` or `value`) and what is
+    /// wrong, without echoing the value.
+    pub fn parse(
+        name: &str,
+        value: &str,
+        secret: bool,
+    ) -> Result<CustomHeader, (&'static str, String)> {
+        Ok(CustomHeader {
+            name: parse_header_name(name).map_err(|e| ("name", e))?,
+            value: parse_header_value(value).map_err(|e| ("value", e))?,
+            secret,
+        })
+    }
+
+    /// Checks a header name alone (see [`CustomHeader::parse`]).
+    pub fn parse_name(name: &str) -> Result<http::HeaderName, String> {
+        parse_header_name(name)
+    }
+
+    /// The value as text (visible ASCII, checked at parse).
+    pub fn value_text(&self) -> &str {
+        self.value.to_str().unwrap_or_default()
+    }
+
+    /// Bytes it adds to a request: `name: value\r\n`.
+    pub fn wire_len(&self) -> usize {
+        self.name.as_str().len() + self.value.len() + 4
+    }
+}
+
+impl fmt::Debug for CustomHeader {
+    // A secret value never reaches a log line.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let value: &dyn fmt::Debug = if self.secret {
+            &"redacted"
+        } else {
+            &self.value
+        };
+        f.debug_struct("CustomHeader")
+            .field("name", &self.name)
+            .field("value", value)
+            .field("secret", &self.secret)
+            .finish()
+    }
+}
+
+/// A header name an endpoint may set: a valid HTTP field name, not one hookline or the
+/// connection owns.
+fn parse_header_name(text: &str) -> Result<http::HeaderName, String> {
+    if text.is_empty() {
+        return Err("must not be empty".into());
+    }
+    if text.contains(['\r', '\n']) {
+        return Err("must not contain CR or LF".into());
+    }
+    let name = http::HeaderName::from_bytes(text.as_bytes()).map_err(|_| {
+        format!(
+            "`{}` is not an HTTP header name (letters, digits and !#$%&'*+-.^_`|~)",
+            text.escape_debug()
+        )
+    })?;
+    let lower = name.as_str();
+    if lower.starts_with("webhook-") {
+        return Err(format!(
+            "`{text}`: webhook-* headers are hookline's own (Standard Webhooks id, timestamp, \
+             signature)"
+        ));
+    }
+    if lower.starts_with("content-") {
+        return Err(format!(
+            "`{text}`: content-* headers describe the body, which hookline sets"
+        ));
+    }
+    if lower == "host" {
+        return Err("`host` comes from the endpoint URL".into());
+    }
+    if RESERVED_HEADERS.contains(&lower) {
+        return Err(format!(
+            "`{text}` is a hop-by-hop header, owned by the connection"
+        ));
+    }
+    Ok(name)
+}
+
+/// A header value an endpoint may set: visible ASCII, spaces and tabs; never CR, LF or NUL.
+/// The error never echoes the value (it may be a token).
+fn parse_header_value(text: &str) -> Result<http::HeaderValue, String> {
+    if text.contains(['\r', '\n', '\0']) {
+        return Err("must not contain CR, LF or NUL".into());
+    }
+    if text.len() > CUSTOM_HEADERS_MAX_BYTES {
+        return Err(format!(
+            "is {} bytes; all headers together may take at most {CUSTOM_HEADERS_MAX_BYTES}",
+            text.len()
+        ));
+    }
+    http::HeaderValue::from_str(text)
+        .map_err(|_| "must be visible ASCII, spaces and tabs (no control characters)".into())
+}
+
+fn de_header_name<'de, D: Deserializer<'de>>(d: D) -> Result<http::HeaderName, D::Error> {
+    parse_header_name(&String::deserialize(d)?).map_err(serde::de::Error::custom)
+}
+
+fn de_header_value<'de, D: Deserializer<'de>>(d: D) -> Result<http::HeaderValue, D::Error> {
+    parse_header_value(&String::deserialize(d)?).map_err(serde::de::Error::custom)
+}
+
 /// Cross-endpoint and per-field checks serde cannot express.
 pub(super) fn validate(endpoints: &[EndpointConfig]) -> Result<(), ConfigError> {
     let mut seen = HashSet::new();
@@ -220,6 +366,21 @@ pub(super) fn validate(endpoints: &[EndpointConfig]) -> Result<(), ConfigError> 
             return Err(ConfigError::field(
                 at("max_concurrency"),
                 "must be at least 1",
+            ));
+        }
+        for (j, h) in ep.headers.iter().enumerate() {
+            if ep.headers[..j].iter().any(|o| o.name == h.name) {
+                return Err(ConfigError::field(
+                    format!("endpoints[{i}].headers[{j}].name"),
+                    format!("`{}` is given twice", h.name),
+                ));
+            }
+        }
+        let bytes: usize = ep.headers.iter().map(CustomHeader::wire_len).sum();
+        if bytes > CUSTOM_HEADERS_MAX_BYTES {
+            return Err(ConfigError::field(
+                at("headers"),
+                format!("{bytes} bytes in all; at most {CUSTOM_HEADERS_MAX_BYTES} (8 KiB)"),
             ));
         }
     }

@@ -31,7 +31,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-pub use endpoints::{EndpointConfig, EndpointUrl, Secret};
+pub use endpoints::{CustomHeader, EndpointConfig, EndpointUrl, Secret, CUSTOM_HEADERS_MAX_BYTES};
 pub use sections::{
     default_schedule, DedupeConfig, DedupeKeyRule, DispatcherConfig, HttpConfig, InputConfig,
     KafkaConfig, LogConfig, LogFormat, RetryConfig, ServerConfig, StageLimits, TopicsConfig,

@@ -237,6 +237,75 @@ fn secrets_are_not_in_debug_output() {
 }
 
 #[test]
+fn custom_headers_are_checked_naming_the_field() {
+    let ep = |headers: &str| {
+        format!("{MIN}[[endpoints]]\nid = \"a\"\nurl = \"https://x\"\nheaders = [{headers}]\n")
+    };
+    let c = load(&ep(
+        r#"{ name = "X-Api-Key", value = "k1" }, { name = "Authorization", value = "Bearer tok-123", secret = true }"#,
+    ))
+    .expect("valid");
+    let h = &c.endpoints[0].headers;
+    assert_eq!(h[0].name.as_str(), "x-api-key");
+    assert_eq!((h[0].value_text(), h[0].secret), ("k1", false));
+    assert_eq!((h[1].value_text(), h[1].secret), ("Bearer tok-123", true));
+    let dbg = format!("{:?}", c.endpoints[0]);
+    assert!(dbg.contains("k1") && !dbg.contains("tok-123"), "{dbg}");
+
+    let big = "v".repeat(4000);
+    let cases = [
+        (
+            r#"{ name = "Webhook-Id", value = "x" }"#.to_string(),
+            "endpoints[0].headers[0].name",
+        ),
+        (
+            r#"{ name = "content-type", value = "x" }"#.into(),
+            "endpoints[0].headers[0].name",
+        ),
+        (
+            r#"{ name = "Host", value = "x" }"#.into(),
+            "endpoints[0].headers[0].name",
+        ),
+        (
+            r#"{ name = "Transfer-Encoding", value = "x" }"#.into(),
+            "endpoints[0].headers[0].name",
+        ),
+        (
+            r#"{ name = "Connection", value = "x" }"#.into(),
+            "endpoints[0].headers[0].name",
+        ),
+        (
+            r#"{ name = "bad name", value = "x" }"#.into(),
+            "endpoints[0].headers[0].name",
+        ),
+        (
+            r#"{ name = "X-A", value = "x" }, { name = "X-B", value = "a\r\nEvil: 1" }"#.into(),
+            "endpoints[0].headers[1].value",
+        ),
+        (
+            r#"{ name = "X-A", value = "x" }, { name = "x-a", value = "y" }"#.into(),
+            "endpoints[0].headers[1].name",
+        ),
+        (
+            r#"{ name = "X-A", value = "x", sekret = true }"#.into(),
+            "endpoints[0].headers[0].sekret",
+        ),
+        (
+            format!(
+                r#"{{ name = "X-A", value = "{big}" }}, {{ name = "X-B", value = "{big}" }}, {{ name = "X-C", value = "{big}" }}"#
+            ),
+            "endpoints[0].headers",
+        ),
+    ];
+    for (headers, field) in cases {
+        let err = load(&ep(&headers)).expect_err(&headers);
+        let msg = err.to_string();
+        assert_eq!(field_of(err), field, "for {headers}: {msg}");
+        assert!(!msg.contains("Evil"), "the value is not echoed: {msg}");
+    }
+}
+
+#[test]
 fn tier_names() {
     assert_eq!(tier_name(Duration::from_secs(60)), "1m");
     assert_eq!(tier_name(Duration::from_secs(86_400)), "24h");
