@@ -18,6 +18,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use utoipa::{IntoParams, ToSchema};
 
+use hookline_common::config::filter::EventFilter;
 use hookline_common::config::{EndpointConfig, EndpointUrl, Secret};
 use hookline_common::contract::delivery::now_ms;
 use hookline_control::endpoint::{generate_secret, resolve_headers};
@@ -155,6 +156,10 @@ pub struct CreateEndpoint {
     /// Headers sent with every request (not covered by the signature).
     #[serde(default)]
     pub headers: Vec<HeaderInput>,
+    /// A CEL expression over the event (`id`, `type`, `tenant`, `data`): only events it holds
+    /// for are delivered, e.g. `data.amount > 100 && data.region.startsWith('eu-')`. At most
+    /// 4 KiB; a bad one is a 400 naming `filter` and the position.
+    pub filter: Option<String>,
 }
 
 /// A custom header. Refused (400 naming `headers[i].name` / `.value` / `headers`): names
@@ -230,6 +235,12 @@ pub async fn create(
         .map_err(|e| ApiError::field("secret", e))?;
     let headers = resolve_headers(&header_edits(req.headers), &[])
         .map_err(|e| ApiError::field(&e.field, e.reason))?;
+    let filter = req
+        .filter
+        .as_deref()
+        .map(EventFilter::compile)
+        .transpose()
+        .map_err(|e| ApiError::field("filter", e))?;
     let def = EndpointConfig {
         id: req.id,
         url,
@@ -240,6 +251,7 @@ pub async fn create(
         timeout,
         max_concurrency: req.max_concurrency,
         headers,
+        filter,
     };
     let e = c.registry.create(def).await.map_err(write_error)?;
     tracing::info!(caller = %caller.name, endpoint = %e.id, "endpoint created through the admin api");
@@ -282,6 +294,9 @@ pub struct UpdateEndpoint {
     pub max_concurrency: Option<Value>,
     /// The whole list of custom headers (`[]` removes them all).
     pub headers: Option<Vec<HeaderInput>>,
+    /// The CEL payload filter; `null` removes it.
+    #[schema(value_type = Option<String>)]
+    pub filter: Option<Value>,
     /// The version you read: the write fails with 409 if the endpoint changed since.
     pub version: Option<u64>,
 }
@@ -347,6 +362,7 @@ pub async fn update(
         timeout,
         max_concurrency,
         headers: req.headers.map(header_edits),
+        filter: nullable_text("filter", req.filter)?,
     };
     let changes_definition = !change.is_empty();
     let mut expected = req.version;

@@ -17,6 +17,7 @@
 //! open-model producer), [`lag`] (consumer lag sampling).
 
 pub mod ceilings;
+pub mod filter_cost;
 pub mod hops;
 pub mod lag;
 pub mod ledger;
@@ -104,6 +105,8 @@ pub async fn run(opts: Options) -> anyhow::Result<Report> {
     spinner.set_message("Kafka ceiling");
     let ceiling_topic = format!("{prefix}.kafka-ceiling");
     let kafka = ceilings::kafka(&config, &ceiling_topic, &main_plan, opts.payload_bytes).await?;
+    spinner.set_message("filter cost");
+    let filter_cost = filter_cost::measure(20_000, opts.payload_bytes)?;
     spinner.set_message("starting the stages");
 
     // 2. The stages.
@@ -321,6 +324,7 @@ pub async fn run(opts: Options) -> anyhow::Result<Report> {
         prefix: prefix.clone(),
         http_ceiling: http,
         kafka_ceiling: kafka,
+        filter_cost,
         runs,
         ratios,
         sustainable: found,

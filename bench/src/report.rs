@@ -123,6 +123,8 @@ pub struct Report {
     pub prefix: String,
     pub http_ceiling: HttpCeiling,
     pub kafka_ceiling: KafkaCeiling,
+    /// What a payload filter costs per evaluation (measured on this box in this run).
+    pub filter_cost: crate::filter_cost::FilterCost,
     pub runs: Vec<RunResult>,
     pub ratios: Ratios,
     /// The bisection for the max sustainable rate.
@@ -217,6 +219,16 @@ impl Report {
             k.records,
             self.options.partitions,
             num(k.bench_cpu_us_per_record)
+        );
+        let f = &self.filter_cost;
+        let _ = writeln!(
+            t,
+            "Filter cost  : {} µs on type only, {} µs on data (body parsed, {} B), +{} µs per further filtered endpoint of the event  ({} evaluations each)",
+            num(f.type_only_us),
+            num(f.data_first_us),
+            f.payload_bytes,
+            num(f.data_more_us),
+            f.evaluations
         );
         let _ = writeln!(
             t,

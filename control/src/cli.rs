@@ -74,6 +74,10 @@ pub struct AddArgs {
     pub max_concurrency: Option<usize>,
     #[command(flatten)]
     pub headers: HeaderArgs,
+    /// Deliver only events this CEL expression holds for (over `id`, `type`, `tenant`, `data`),
+    /// e.g. `data.amount > 100`.
+    #[arg(long, value_name = "CEL")]
+    pub filter: Option<String>,
     #[command(flatten)]
     pub output: OutputArgs,
 }
@@ -144,6 +148,12 @@ pub struct UpdateArgs {
     /// Remove every custom header.
     #[arg(long, conflicts_with_all = ["headers", "secret_headers"])]
     pub no_headers: bool,
+    /// Replaces the payload filter (a CEL expression).
+    #[arg(long, value_name = "CEL", conflicts_with = "no_filter")]
+    pub filter: Option<String>,
+    /// Remove the payload filter.
+    #[arg(long)]
+    pub no_filter: bool,
     /// Refuse (exit 1) unless the endpoint is at this version (optimistic concurrency).
     #[arg(long, value_name = "VERSION")]
     pub if_version: Option<u64>,
@@ -291,6 +301,12 @@ pub async fn run(
                 .map_err(|e| anyhow::anyhow!("--secret: {e}"))?;
             let headers = resolve_headers(&a.headers.edits().unwrap_or_default(), &[])
                 .map_err(|e| anyhow::anyhow!("--header: {e}"))?;
+            let filter = a
+                .filter
+                .as_deref()
+                .map(hookline_common::config::filter::EventFilter::compile)
+                .transpose()
+                .map_err(|e| anyhow::anyhow!("--filter: {e}"))?;
             let e = registry
                 .create(EndpointConfig {
                     id: a.id.clone(),
@@ -302,6 +318,7 @@ pub async fn run(
                     timeout: a.timeout,
                     max_concurrency: a.max_concurrency,
                     headers,
+                    filter,
                 })
                 .await?;
             let shown = generated.then(|| secrets[0].clone());
@@ -326,6 +343,11 @@ pub async fn run(
                     Some(Vec::new())
                 } else {
                     u.headers.edits()
+                },
+                filter: if u.no_filter {
+                    Some(None)
+                } else {
+                    u.filter.clone().map(Some)
                 },
             };
             let e = registry.update(&u.id, change, u.if_version).await?;
@@ -451,6 +473,9 @@ fn print_written(
     for h in &e.headers {
         let value = if h.secret { "(secret)" } else { h.value_text() };
         writeln!(out, "header {}: {value}", h.name)?;
+    }
+    if let Some(f) = &e.filter {
+        writeln!(out, "filter: {}", f.source())?;
     }
     if let Some(s) = new_secret {
         writeln!(out, "secret: {s}")?;

@@ -10,14 +10,13 @@ use base64::Engine as _;
 use rand::RngCore as _;
 use serde_json::{json, Value};
 
+use hookline_common::config::filter::EventFilter;
 use hookline_common::config::{
     Config, ConfigError, CustomHeader, EndpointConfig, EndpointUrl, Secret,
 };
 
 use crate::crypto::{CryptoError, Keyring};
-use crate::record::{
-    EndpointRecord, ManagedBy, RecordHeader, SealedSecret, SCHEMA, SCHEMA_WITHOUT_HEADERS,
-};
+use crate::record::{EndpointRecord, ManagedBy, RecordHeader, SealedSecret, SCHEMA, SCHEMA_V1};
 
 /// A `whsec_` secret and when it stops signing (`None`: until rotated out).
 #[derive(Clone, PartialEq, Eq)]
@@ -58,6 +57,8 @@ pub struct Endpoint {
     pub secrets: Vec<SigningSecret>,
     /// Custom headers, secret values opened.
     pub headers: Vec<CustomHeader>,
+    /// The payload filter, compiled.
+    pub filter: Option<EventFilter>,
     pub managed_by: ManagedBy,
     pub disabled_reason: Option<String>,
     pub created_at_ms: i64,
@@ -126,6 +127,14 @@ impl Endpoint {
                 }
             }
         }
+        let filter = match r.filter.as_deref().map(EventFilter::compile).transpose() {
+            Ok(filter) => filter,
+            // Never delivered past a filter it cannot evaluate.
+            Err(e) => {
+                problem.get_or_insert(format!("filter: {e}"));
+                None
+            }
+        };
         Endpoint {
             id: r.id,
             url: r.url,
@@ -136,6 +145,7 @@ impl Endpoint {
             max_concurrency: r.max_concurrency,
             secrets,
             headers,
+            filter,
             managed_by: r.managed_by,
             disabled_reason: r.disabled_reason,
             created_at_ms: r.created_at_ms,
@@ -175,6 +185,7 @@ impl Endpoint {
                 })
                 .collect(),
             headers: d.headers.clone(),
+            filter: d.filter.clone(),
             managed_by,
             disabled_reason: (!d.enabled).then(|| why_disabled.to_string()),
             created_at_ms: current.map_or(now, |c| c.created_at_ms),
@@ -220,8 +231,8 @@ impl Endpoint {
             })
             .collect::<Result<Vec<_>, CryptoError>>()?;
         Ok(EndpointRecord {
-            schema: if headers.is_empty() {
-                SCHEMA_WITHOUT_HEADERS
+            schema: if headers.is_empty() && self.filter.is_none() {
+                SCHEMA_V1
             } else {
                 SCHEMA
             },
@@ -234,6 +245,7 @@ impl Endpoint {
             max_concurrency: self.max_concurrency,
             secrets,
             headers,
+            filter: self.filter.as_ref().map(|f| f.source().to_string()),
             managed_by: self.managed_by,
             disabled_reason: self.disabled_reason.clone(),
             created_at_ms: self.created_at_ms,
@@ -270,6 +282,7 @@ impl Endpoint {
             timeout: self.timeout,
             max_concurrency: self.max_concurrency,
             headers: self.headers.clone(),
+            filter: self.filter.clone(),
         })
     }
 
@@ -306,6 +319,7 @@ impl Endpoint {
                 "value": (!h.secret).then(|| h.value_text()),
                 "secret": h.secret,
             })).collect::<Vec<_>>(),
+            "filter": self.filter.as_ref().map(EventFilter::source),
             "managed_by": self.managed_by.as_str(),
             "created_at_ms": self.created_at_ms,
             "updated_at_ms": self.updated_at_ms,
@@ -495,6 +509,9 @@ pub fn validate(def: &EndpointConfig) -> Result<(), FieldError> {
         toml::Value::Table(t)
     });
     ep.insert("headers".into(), toml::Value::Array(headers.collect()));
+    if let Some(f) = &def.filter {
+        ep.insert("filter".into(), f.source().into());
+    }
     let mut kafka = toml::Table::new();
     kafka.insert("bootstrap_servers".into(), "validation:1".into());
     let mut root = toml::Table::new();
@@ -540,6 +557,7 @@ mod tests {
             timeout: Some(Duration::from_millis(2500)),
             max_concurrency: Some(4),
             headers: vec![],
+            filter: None,
         }
     }
 
@@ -619,6 +637,13 @@ mod tests {
         .expect_err("nothing to keep");
         assert_eq!(err.field, "headers[1].value");
         let err = resolve_headers(&[edit("Webhook-Id", Some("x"), false)], &[]).expect_err("ours");
+        let mut d = def();
+        d.filter = Some(EventFilter::compile("type == 'a'").expect("filter"));
+        assert_eq!(
+            validate(&d),
+            Ok(()),
+            "the filter goes through the loader too"
+        );
         assert_eq!(err.field, "headers[0].name");
         let err = resolve_headers(&[edit("X-A", Some("a\nb"), false)], &[]).expect_err("crlf");
         assert_eq!(err.field, "headers[0].value");
@@ -661,9 +686,31 @@ mod tests {
             !blind.config_at(0).expect("parses").enabled,
             "never sent without it"
         );
+        assert_eq!(endpoint().to_record(&k).expect("plain").schema, SCHEMA_V1);
+        let filtered = Endpoint {
+            filter: Some(EventFilter::compile("data.amount > 5").expect("filter")),
+            ..endpoint()
+        };
+        let r = filtered.to_record(&k).expect("record");
         assert_eq!(
-            endpoint().to_record(&k).expect("plain").schema,
-            SCHEMA_WITHOUT_HEADERS
+            (r.schema, r.filter.as_deref()),
+            (SCHEMA, Some("data.amount > 5"))
+        );
+        assert_eq!(Endpoint::from_record(r.clone(), &k), filtered);
+        let broken = EndpointRecord {
+            filter: Some("data.amount >".into()),
+            ..r
+        };
+        let e = Endpoint::from_record(broken, &k);
+        assert!(
+            e.problem
+                .as_deref()
+                .is_some_and(|p| p.starts_with("filter:")),
+            "{e:?}"
+        );
+        assert!(
+            !e.config_at(0).expect("parses").enabled,
+            "never delivered past it"
         );
     }
 
@@ -711,6 +758,7 @@ mod tests {
             timeout: None,
             max_concurrency: None,
             headers: vec![],
+            filter: None,
             secrets: vec![],
             managed_by: ManagedBy::Api,
             disabled_reason: None,

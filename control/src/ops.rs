@@ -5,6 +5,7 @@
 
 use std::time::Duration;
 
+use hookline_common::config::filter::EventFilter;
 use hookline_common::config::EndpointConfig;
 
 use crate::crypto::CryptoError;
@@ -76,6 +77,8 @@ pub struct EndpointUpdate {
     pub max_concurrency: Option<Option<usize>>,
     /// The whole list of custom headers (a header without a value keeps its current one).
     pub headers: Option<Vec<HeaderEdit>>,
+    /// The CEL filter (`Some(None)` removes it).
+    pub filter: Option<Option<String>>,
 }
 
 impl EndpointUpdate {
@@ -87,6 +90,7 @@ impl EndpointUpdate {
             && self.timeout.is_none()
             && self.max_concurrency.is_none()
             && self.headers.is_none()
+            && self.filter.is_none()
     }
 }
 
@@ -170,6 +174,18 @@ impl Registry {
                 if let Some(h) = &change.headers {
                     next.headers = resolve_headers(h, &e.headers).map_err(WriteError::Invalid)?;
                 }
+                if let Some(f) = &change.filter {
+                    next.filter =
+                        f.as_deref()
+                            .map(EventFilter::compile)
+                            .transpose()
+                            .map_err(|reason| {
+                                WriteError::Invalid(FieldError {
+                                    field: "filter".into(),
+                                    reason,
+                                })
+                            })?;
+                }
                 let def = next.definition().ok_or_else(|| {
                     WriteError::Invalid(FieldError {
                         field: "url".into(),
@@ -189,7 +205,7 @@ impl Registry {
     }
 
     /// Creates the endpoint, or replaces its definition (`url`, `tenant`, `event_types`,
-    /// `enabled`, `timeout`, `max_concurrency`, `headers`; secrets are kept — they change through
+    /// `enabled`, `timeout`, `max_concurrency`, `headers`, `filter`; secrets are kept — they change through
     /// [`Registry::rotate_secret`]): the admin API's `PUT`. `expected` applies to an existing one.
     pub async fn put(
         &self,
@@ -210,6 +226,7 @@ impl Registry {
             timeout: Some(def.timeout),
             max_concurrency: Some(def.max_concurrency),
             headers: Some(def.headers.iter().map(HeaderEdit::from).collect()),
+            filter: Some(def.filter.as_ref().map(|f| f.source().to_string())),
         };
         let updated = self.update(&def.id, change, expected).await?;
         if updated.enabled == def.enabled {

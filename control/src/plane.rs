@@ -220,6 +220,7 @@ mod tests {
             timeout: None,
             max_concurrency: None,
             headers: vec![],
+            filter: None,
         }
     }
 

@@ -3,7 +3,8 @@
 //! file's `[[endpoints]]` fields with the same names and meaning (`id`, `url`, `tenant`,
 //! `event_types`, `enabled`, `timeout`, `max_concurrency`); `secrets` are sealed
 //! ([`crate::crypto`]) and may expire (rotation); `headers` carry their value in the clear or,
-//! for a secret one, `sealed` like a secret; the rest is bookkeeping.
+//! for a secret one, `sealed` like a secret; `filter` is the CEL expression as written; the rest
+//! is bookkeeping.
 //!
 //! ```json
 //! {"schema":1,"id":"crm","url":"https://crm.example/hook","tenant":"acme",
@@ -24,10 +25,11 @@ use crate::crypto::Sealed;
 /// a newer one, keeping the endpoint's previous state.
 pub const SCHEMA: u32 = 2;
 
-/// The layout of a record without custom headers: written as 1 so that a process from before
-/// headers existed reads it; one with headers is written as [`SCHEMA`], which such a process
-/// skips (it keeps the previous definition rather than send without the headers).
-pub const SCHEMA_WITHOUT_HEADERS: u32 = 1;
+/// The layout of a record without custom headers or a filter: written as 1 so that a process
+/// from before those existed reads it; one with either is written as [`SCHEMA`], which such a
+/// process skips (it keeps the previous definition rather than send without the headers or
+/// past the filter).
+pub const SCHEMA_V1: u32 = 1;
 
 /// Who owns an endpoint's definition.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -87,6 +89,9 @@ pub struct EndpointRecord {
     /// Custom headers (none for a file-managed endpoint: they stay in the file).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub headers: Vec<RecordHeader>,
+    /// The CEL filter as written.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub filter: Option<String>,
     pub managed_by: ManagedBy,
     /// Why it is disabled (`manual`, `auto: …`), when it is.
     #[serde(default)]
@@ -162,6 +167,7 @@ mod tests {
                     }),
                 },
             ],
+            filter: Some("data.amount > 100".into()),
             managed_by: ManagedBy::Api,
             disabled_reason: None,
             created_at_ms: 1,
@@ -185,6 +191,7 @@ mod tests {
         );
         assert_eq!(v["headers"][1]["sealed"]["kid"], "1f2e3d4c");
         assert!(v["headers"][1].get("value").is_none());
+        assert_eq!(v["filter"], "data.amount > 100");
         assert_eq!(EndpointRecord::parse("crm", &bytes), Ok(r));
     }
 

@@ -24,8 +24,8 @@ use crate::record::ManagedBy;
 use crate::registry::Registry;
 use crate::writer::Change;
 
-/// Whether `e` is exactly the file's definition `d`, file-managed. Secrets are not compared: a
-/// file-managed endpoint's secrets never go to the topic, every process takes them from its
+/// Whether `e` is exactly the file's definition `d`, file-managed. Secrets and headers are not
+/// compared: a file-managed endpoint's never go to the topic, every process takes them from its
 /// own config file.
 fn same(e: &Endpoint, d: &EndpointConfig) -> bool {
     e.managed_by == ManagedBy::File
@@ -36,6 +36,7 @@ fn same(e: &Endpoint, d: &EndpointConfig) -> bool {
         && e.enabled == d.enabled
         && e.timeout == d.timeout
         && e.max_concurrency == d.max_concurrency
+        && e.filter == d.filter
 }
 
 /// The file's endpoint as the registry holds it, replacing `current` (if any) at `now`.

@@ -34,12 +34,14 @@ use tokio::sync::watch;
 
 use crate::endpoints::LiveEndpoints;
 use crate::engine::Engine;
+use crate::filter::{ErrorLog, EventView, Verdict};
 use crate::hop::{self, Hop};
 use crate::metrics::AttemptMetrics;
 use crate::metrics::ALL_ENDPOINTS;
 use crate::observer::{AttemptEvent, AttemptObserver, NoObserver};
 use crate::outcome::{Admission, AttemptOutcome};
 use crate::write::{HopError, HopWriter, Written};
+use hookline_common::config::EndpointConfig;
 
 /// What every attempt of a stage shares: the engine, the endpoint set, the hop writer, the
 /// schedule and the observer. Cheap to clone.
@@ -52,6 +54,7 @@ pub struct DeliveryPath {
     observer: Arc<dyn AttemptObserver>,
     /// Per-endpoint metric series while the set has at most this many endpoints.
     label_limit: usize,
+    filter_errors: Arc<ErrorLog>,
 }
 
 /// [`DeliveryPath::with_endpoint_label_limit`]'s default (`control.metrics_endpoint_limit`).
@@ -142,6 +145,7 @@ impl DeliveryPath {
             schedule: schedule.into(),
             observer: Arc::new(NoObserver),
             label_limit: DEFAULT_LABEL_LIMIT,
+            filter_errors: Arc::default(),
         }
     }
 
@@ -159,6 +163,54 @@ impl DeliveryPath {
         } else {
             ALL_ENDPOINTS
         }
+    }
+
+    /// The endpoints an event fans out to: enabled, subscribed to its tenant and type, and
+    /// admitted by their payload filters (evaluated on one parse of the body).
+    pub fn fan_out(
+        &self,
+        stage: &AttemptMetrics,
+        view: &EventView<'_>,
+        tenant: Option<&str>,
+        event_type: &str,
+    ) -> Vec<Arc<EndpointConfig>> {
+        let mut endpoints = self.endpoints.current().matching(tenant, event_type);
+        if endpoints.iter().any(|e| e.filter.is_some()) {
+            endpoints.retain(|e| self.admits(stage, e, view));
+        }
+        endpoints
+    }
+
+    /// Whether `endpoint`'s payload filter (if any) admits the event; what it keeps out is
+    /// counted (`hookline_delivery_filtered_total`), an evaluation error also logged once per
+    /// endpoint and minute.
+    pub fn admits(
+        &self,
+        stage: &AttemptMetrics,
+        endpoint: &EndpointConfig,
+        view: &EventView<'_>,
+    ) -> bool {
+        let Some(filter) = &endpoint.filter else {
+            return true;
+        };
+        let verdict = view.evaluate(filter);
+        if verdict.admits() {
+            return true;
+        }
+        stage.filtered(verdict.label(), self.label(&endpoint.id));
+        if let Verdict::Error(why) = &verdict {
+            if self.filter_errors.first_this_minute(&endpoint.id, now_ms()) {
+                tracing::warn!(
+                    endpoint = %endpoint.id,
+                    stage = stage.stage(),
+                    error = %why,
+                    "the endpoint's payload filter could not be evaluated on an event: not \
+                     delivered to it (counted in hookline_delivery_filtered_total, result error; \
+                     logged once per endpoint and minute)"
+                );
+            }
+        }
+        false
     }
 
     /// The same path, telling every attempt to `observer`.
@@ -212,7 +264,26 @@ impl DeliveryPath {
         origin: Origin<'_>,
     ) -> Result<Report, HopError> {
         let replay = matches!(turn, Turn::Replay { .. });
-        let endpoint = match self.endpoints.current().usable_for(&d.meta) {
+        let fresh = d.meta.history.is_empty() && d.meta.attempt == 1 && d.meta.deferrals == 0;
+        let usable = self.endpoints.current().usable_for(&d.meta).and_then(|e| {
+            // The filter is part of the subscription: re-checked on every attempt after the
+            // first (fan-out has just evaluated it for that one).
+            if fresh && !replay {
+                return Ok(e);
+            }
+            let view = EventView::new(
+                &d.meta.event_id,
+                &d.meta.event_type,
+                d.meta.tenant.as_deref(),
+                &d.body,
+            );
+            if self.admits(stage, &e, &view) {
+                Ok(e)
+            } else {
+                Err(DeadReason::EndpointUnsubscribed)
+            }
+        });
+        let endpoint = match usable {
             Ok(endpoint) => endpoint,
             Err(reason) if replay => return Ok(report(d.meta, None, Next::Skipped(reason))),
             Err(reason) => return self.dead_letter(d, reason, &origin).await,
@@ -222,7 +293,6 @@ impl DeliveryPath {
             return self.dead_letter(d, DeadReason::Exhausted, &origin).await;
         }
 
-        let fresh = d.meta.history.is_empty() && d.meta.attempt == 1 && d.meta.deferrals == 0;
         let (attempt, body) = (d.meta.attempt, d.body.clone());
         // A dropped sender never fires: "never cut".
         let cutoff = origin

@@ -142,6 +142,7 @@ mod tests {
             timeout: None,
             max_concurrency: None,
             headers: vec![],
+            filter: None,
         }
     }
 

@@ -55,6 +55,7 @@ fn endpoint(url: String) -> EndpointConfig {
         timeout: None,
         max_concurrency: None,
         headers: Vec::new(),
+        filter: None,
     }
 }
 

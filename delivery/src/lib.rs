@@ -24,6 +24,7 @@ pub mod attempt;
 mod client;
 pub mod endpoints;
 pub mod engine;
+pub mod filter;
 pub mod hop;
 pub mod limits;
 pub mod metrics;

@@ -3,6 +3,9 @@
 //! - `hookline_delivery_attempts_total{stage, result="delivered|failed", class="ok|<failure class>", endpoint}`;
 //! - `hookline_delivery_attempt_duration_seconds{stage, endpoint}`: connect, headers and the kept body;
 //! - `hookline_delivery_dead_letters_total{stage, reason, endpoint}`: deliveries written to `<p>.dlq`;
+//! - `hookline_delivery_filtered_total{stage, result="no_match|error", endpoint}`: events an
+//!   endpoint's payload filter kept from it (at fan-out; on a later attempt the delivery is also
+//!   dead-lettered as `endpoint_unsubscribed`);
 //! - `hookline_delivery_inflight_requests{stage}`: requests on the wire, per engine (`dispatcher`,
 //!   `retry` — one engine for every tier of a process — or `replay`).
 //!
@@ -26,6 +29,8 @@ pub const ATTEMPTS_TOTAL: &str = "hookline_delivery_attempts_total";
 pub const ATTEMPT_DURATION: &str = "hookline_delivery_attempt_duration_seconds";
 /// Name of the dead-letter counter.
 pub const DEAD_LETTERS_TOTAL: &str = "hookline_delivery_dead_letters_total";
+/// Name of the payload-filter counter.
+pub const FILTERED_TOTAL: &str = "hookline_delivery_filtered_total";
 /// The `endpoint` label value when per-endpoint series are off (too many endpoints).
 pub const ALL_ENDPOINTS: &str = "_all";
 
@@ -39,6 +44,7 @@ pub struct AttemptMetrics {
     attempts: IntCounterVec,
     duration: HistogramVec,
     dead: IntCounterVec,
+    filtered: IntCounterVec,
 }
 
 impl AttemptMetrics {
@@ -71,6 +77,15 @@ impl AttemptMetrics {
             .const_label("stage", stage),
             &["reason", "endpoint"],
         )?;
+        let filtered = IntCounterVec::new(
+            Opts::new(
+                FILTERED_TOTAL,
+                "Events an endpoint's payload filter did not admit, by stage, result and endpoint",
+            )
+            .const_label("stage", stage),
+            &["result", "endpoint"],
+        )?;
+        registry.register(Box::new(filtered.clone()))?;
         registry.register(Box::new(attempts.clone()))?;
         registry.register(Box::new(duration.clone()))?;
         registry.register(Box::new(dead.clone()))?;
@@ -79,6 +94,7 @@ impl AttemptMetrics {
             attempts,
             duration,
             dead,
+            filtered,
         })
     }
 
@@ -108,6 +124,11 @@ impl AttemptMetrics {
                 .with_label_values(&[endpoint])
                 .observe(outcome.duration.as_secs_f64());
         }
+    }
+
+    /// Counts one event a filter did not admit (`result`: `no_match` or `error`).
+    pub fn filtered(&self, result: &str, endpoint: &str) {
+        self.filtered.with_label_values(&[result, endpoint]).inc();
     }
 
     /// Counts one delivery written to the dead-letter topic.

@@ -75,6 +75,7 @@ use hookline_common::kafka::{pipeline_consumer_config, producer_config};
 use hookline_common::runtime::ops::StageProbe;
 use hookline_common::runtime::shutdown::Shutdown;
 
+use hookline_delivery::filter::EventView;
 use hookline_delivery::{AttemptMetrics, DeliveryPath, Engine, HopWriter};
 
 use crate::deliveries::Event;
@@ -501,11 +502,19 @@ impl Dispatcher {
                 return None;
             }
         };
-        let endpoints = self
-            .path
-            .endpoints()
-            .current()
-            .matching(envelope.tenant.as_deref(), &envelope.event_type);
+        let view = EventView::new(
+            &envelope.id,
+            &envelope.event_type,
+            envelope.tenant.as_deref(),
+            msg.payload().unwrap_or_default(),
+        );
+        let endpoints = self.path.fan_out(
+            &self.attempts,
+            &view,
+            envelope.tenant.as_deref(),
+            &envelope.event_type,
+        );
+        drop(view);
         if endpoints.is_empty() {
             self.metrics
                 .emit_no_endpoint(partition, offset, &envelope.event_type);

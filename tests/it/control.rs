@@ -31,6 +31,7 @@ fn def(id: &str, url: &str) -> EndpointConfig {
         timeout: None,
         max_concurrency: None,
         headers: vec![],
+        filter: None,
     }
 }
 
@@ -671,6 +672,27 @@ async fn endpoints_cli_manages_the_registry_against_kafka() {
         err.contains("headers[0].name") && err.contains("webhook-*"),
         "{err}"
     );
+    // A payload filter: set and shown; a bad one refused naming the field and position.
+    let out = run(&[
+        "endpoints",
+        "update",
+        "crm",
+        "--filter",
+        "data.amount > 100",
+    ]);
+    assert!(out.contains("filter: data.amount > 100"), "{out}");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_hookline"))
+        .arg("--config")
+        .arg(&path)
+        .args(["endpoints", "update", "crm", "--filter", "data.amount >"])
+        .env("HOOKLINE_SECRETS_KEY", &key)
+        .output()
+        .expect("run");
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("`filter`") && err.contains("at 1:"), "{err}");
+    let unfiltered = run(&["endpoints", "update", "crm", "--no-filter", "--json"]);
+    assert!(unfiltered.contains("\"filter\":null"), "{unfiltered}");
     let cleared = run(&["endpoints", "update", "crm", "--no-headers", "--json"]);
     assert!(cleared.contains("\"headers\":[]"), "{cleared}");
 

@@ -270,3 +270,191 @@ async fn custom_headers_arrive_on_every_attempt_and_forbidden_ones_are_refused()
         s.stop().await.expect("stage stops cleanly");
     }
 }
+
+/// Event `i` of the filter test: amounts 0..1000, regions eu-/us- alternating, every tenth
+/// without a region (the filter cannot be evaluated on it: a no-match, counted as an error).
+fn mixed_event(prefix: &str, i: usize) -> (String, String) {
+    let id = format!("{prefix}-f{i}");
+    let region = match i % 10 {
+        0 => String::new(),
+        r if r % 2 == 1 => r#","region":"eu-west""#.to_string(),
+        _ => r#","region":"us-east""#.to_string(),
+    };
+    let body = format!(
+        r#"{{"id":"{id}","type":"order.paid","tenant":"acme","data":{{"amount":{amount}{region}}}}}"#,
+        amount = (i * 7) % 1000
+    );
+    (id, body)
+}
+
+fn filter_matches(i: usize) -> bool {
+    i % 2 == 1 && (i * 7) % 1000 > 500
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_filter_delivers_exactly_the_matching_subset_also_after_a_retry() {
+    require_kafka();
+    let rx = Receiver::start().await;
+    // The first 40 requests fail: those deliveries are retried by the first tier, their filter
+    // evaluated again there.
+    rx.script("f", vec![Behavior::Status(503); 40]);
+    rx.default("f", Behavior::Status(200));
+    rx.default("g", Behavior::Status(500));
+    let prefix = unique_prefix("controls-filter");
+    let filter = "data.region.startsWith('eu-') && data.amount > 500";
+    let config = test_config(
+        &prefix,
+        &format!(
+            "[retry]\nschedule = [\"0s\", \"3s\", \"6s\"]\n{}\
+             [[endpoints]]\nid = \"f\"\nurl = \"{}\"\nfilter = \"{filter}\"\n",
+            admin_section(),
+            rx.url("f"),
+        ),
+    );
+    apply_topics(&config).await;
+    let [dispatcher, tiers] = start_delivering(&config).await;
+    let stages = [start_deduper(&config), dispatcher, tiers];
+    let admin = Admin::start(&config).await;
+
+    // A bad filter is a 400 naming the field and the position.
+    let (status, body) = send(
+        Method::POST,
+        &admin,
+        "/v1/endpoints",
+        ADMIN_TOKEN,
+        Some(json!({"id": "bad", "url": rx.url("g"), "filter": "data.amount >"})),
+    )
+    .await;
+    assert_eq!(status, reqwest::StatusCode::BAD_REQUEST, "{body}");
+    assert_eq!(body["error"]["field"], "filter", "{body}");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("at 1:")),
+        "{body}"
+    );
+
+    let producer = producer();
+    let topic = format!("{prefix}.events");
+    let events: Vec<(String, String)> = (0..1000).map(|i| mixed_event(&prefix, i)).collect();
+    futures::future::join_all(events.iter().map(|(id, body)| {
+        produce(
+            &producer,
+            &topic,
+            None,
+            Some(id.as_bytes()),
+            Some(body.as_bytes()),
+            &[],
+        )
+    }))
+    .await;
+    let expected: std::collections::BTreeSet<String> = (0..1000)
+        .filter(|i| filter_matches(*i))
+        .map(|i| events[i].0.clone())
+        .collect();
+    assert!(expected.len() > 100, "a real subset: {}", expected.len());
+
+    // Every matching event delivered (40 of them after a failed first attempt), nothing else.
+    let deadline = std::time::Instant::now() + Duration::from_secs(90);
+    let got = loop {
+        let got = rx.requests("f");
+        let all: std::collections::BTreeSet<String> = got
+            .iter()
+            .map(|r| header(r, "webhook-id").to_string())
+            .collect();
+        if all == expected && got.len() >= expected.len() + 40 {
+            break got;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{} of {} matching events delivered; {} not matching: {:?}",
+            all.intersection(&expected).count(),
+            expected.len(),
+            all.difference(&expected).count(),
+            all.difference(&expected).take(5).collect::<Vec<_>>()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    let retried: Vec<&Recorded> = got
+        .iter()
+        .filter(|r| header(r, "webhook-attempt") == "2")
+        .collect();
+    assert_eq!(
+        retried.len(),
+        40,
+        "the 40 failed first attempts retried once each"
+    );
+    // Give stragglers a moment: nothing more arrives.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(
+        rx.requests("f").len(),
+        expected.len() + 40,
+        "no duplicate, no extra"
+    );
+    let filtered = |result: &str| {
+        counter(
+            &stages[1].registry,
+            "hookline_delivery_filtered_total",
+            Some(("result", result)),
+        )
+    };
+    // CEL's `&&` absorbs an error when the other side is false: only the region-less events
+    // with an amount over 500 are errors.
+    let errors = (0..1000)
+        .filter(|&i: &usize| i.is_multiple_of(10) && (i * 7) % 1000 > 500)
+        .count();
+    assert_eq!(filtered("error") as usize, errors);
+    assert_eq!(
+        (filtered("no_match") + filtered("error")) as usize,
+        1000 - expected.len()
+    );
+
+    // A filter changed between attempts is honoured: the retries of an endpoint whose filter
+    // no longer matches end in the DLQ as endpoint_unsubscribed, never sent again.
+    let (status, made) = send(
+        Method::POST,
+        &admin,
+        "/v1/endpoints",
+        ADMIN_TOKEN,
+        Some(json!({"id": "g", "url": rx.url("g"), "tenant": "acme", "filter": "data.n >= 0"})),
+    )
+    .await;
+    assert_eq!(status, reqwest::StatusCode::CREATED, "{made}");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    for n in 0..3 {
+        let (status, _) = send(
+            Method::POST,
+            &admin,
+            "/v1/events",
+            ACME_TOKEN,
+            Some(json!({"type": "order.paid", "data": {"n": n}})),
+        )
+        .await;
+        assert_eq!(status, reqwest::StatusCode::ACCEPTED);
+    }
+    let first = rx.wait_for("g", 3, Duration::from_secs(30)).await;
+    assert_eq!(first.len(), 3, "three first attempts (500)");
+    let (status, body) = send(
+        Method::PATCH,
+        &admin,
+        "/v1/endpoints/g",
+        ADMIN_TOKEN,
+        Some(json!({"filter": "data.n > 100"})),
+    )
+    .await;
+    assert_eq!(status, reqwest::StatusCode::OK, "{body}");
+    assert_eq!(body["filter"], "data.n > 100");
+    let dead = wait_dead(&admin, 3).await;
+    let reasons: Vec<&str> = dead
+        .iter()
+        .filter(|d| d["endpoint_id"] == "g")
+        .filter_map(|d| d["dead_reason"].as_str())
+        .collect();
+    assert_eq!(reasons, vec!["endpoint_unsubscribed"; 3], "{dead:?}");
+    assert_eq!(rx.requests("g").len(), 3, "no retry was sent");
+
+    admin.stop().await;
+    for s in stages {
+        s.stop().await.expect("stage stops cleanly");
+    }
+}

@@ -50,6 +50,7 @@ use hookline_common::contract::topics::Topics;
 use hookline_common::kafka::produce::{self, OwnedRecord, ProduceErrors, Ungated};
 use hookline_common::kafka::producer_config;
 use hookline_common::runtime::clock::now_ms;
+use hookline_delivery::filter::EventView;
 use hookline_delivery::outcome::attempt_record;
 use hookline_delivery::{
     AttemptMetrics, AttemptOutcome, AttemptResult, Delivery, DeliveryPath, Engine, HopWriter, Next,
@@ -97,7 +98,7 @@ pub struct ReplaySummary {
     /// Not attempted: unreadable metadata, the endpoint is not configured or disabled, or it no
     /// longer subscribes to the event (counted in `unsubscribed` too).
     pub skipped: usize,
-    /// Skipped because the endpoint no longer subscribes to the event's tenant and type.
+    /// Skipped because the endpoint no longer subscribes to the event (tenant, types or filter).
     pub unsubscribed: usize,
 }
 
@@ -310,7 +311,19 @@ async fn run_with(
                 continue;
             }
         };
-        if let Err(reason) = endpoints.current().usable_for(meta) {
+        let usable = endpoints.current().usable_for(meta).and_then(|e| {
+            let view = EventView::new(
+                &meta.event_id,
+                &meta.event_type,
+                meta.tenant.as_deref(),
+                &record.value,
+            );
+            match &e.filter {
+                Some(f) if !view.evaluate(f).admits() => Err(DeadReason::EndpointUnsubscribed),
+                _ => Ok(e),
+            }
+        });
+        if let Err(reason) = usable {
             skipped(&mut summary, out, &record.position(), meta, reason)?;
             continue;
         }

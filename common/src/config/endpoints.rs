@@ -37,6 +37,10 @@ pub struct EndpointConfig {
     /// covered by the signature.
     #[serde(default)]
     pub headers: Vec<CustomHeader>,
+    /// A CEL expression over the event (`id`, `type`, `tenant`, `data`) that must hold for the
+    /// endpoint to receive it, besides `tenant` and `event_types`.
+    #[serde(default)]
+    pub filter: Option<super::filter::EventFilter>,
 }
 
 const fn enabled() -> bool {
@@ -59,6 +63,7 @@ impl fmt::Debug for EndpointConfig {
             .field("timeout", &self.timeout)
             .field("max_concurrency", &self.max_concurrency)
             .field("headers", &self.headers)
+            .field("filter", &self.filter)
             .finish()
     }
 }

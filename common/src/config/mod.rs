@@ -23,6 +23,7 @@ pub mod admin;
 pub mod control;
 mod endpoints;
 mod env;
+pub mod filter;
 pub mod glob;
 mod sections;
 

@@ -65,6 +65,10 @@ fn bad_values_name_the_field() {
             "endpoints[1].id",
         ),
         (
+            "[[endpoints]]\nid = \"a\"\nurl = \"https://x\"\nfilter = \"data.amount >\"\n",
+            "endpoints[0].filter",
+        ),
+        (
             "[[dedupe.keys]]\ntype = \"call.*\"\npointers = [\"data/callId\"]\n",
             "dedupe.keys[0].pointers[0]",
         ),

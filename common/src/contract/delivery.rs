@@ -72,8 +72,9 @@ pub enum DeadReason {
     EndpointRemoved,
     /// The endpoint is disabled.
     EndpointDisabled,
-    /// The endpoint no longer subscribes to the event (its tenant or event types changed
-    /// between attempts): sending would reach a receiver that did not ask for it.
+    /// The endpoint no longer subscribes to the event (its tenant, event types or payload
+    /// filter changed between attempts, or its filter cannot be evaluated on the event):
+    /// sending would reach a receiver that did not ask for it.
     EndpointUnsubscribed,
     /// The delivery record no longer fits the next tier's topic (its `max.message.bytes` was
     /// lowered after the event was admitted); the DLQ keeps it whole.
