@@ -160,6 +160,11 @@ pub struct CreateEndpoint {
     /// for are delivered, e.g. `data.amount > 100 && data.region.startsWith('eu-')`. At most
     /// 4 KiB; a bad one is a 400 naming `filter` and the position.
     pub filter: Option<String>,
+    /// At most this many deliveries per second to the endpoint, for the whole cluster
+    /// (0.01–100000); deliveries over it wait, in arrival order, without using an attempt.
+    pub rate_limit: Option<f64>,
+    /// Deliveries that may go out at once after an idle spell (default 1); needs `rate_limit`.
+    pub burst: Option<u32>,
 }
 
 /// A custom header. Refused (400 naming `headers[i].name` / `.value` / `headers`): names
@@ -252,6 +257,8 @@ pub async fn create(
         max_concurrency: req.max_concurrency,
         headers,
         filter,
+        rate_limit: req.rate_limit,
+        burst: req.burst,
     };
     let e = c.registry.create(def).await.map_err(write_error)?;
     tracing::info!(caller = %caller.name, endpoint = %e.id, "endpoint created through the admin api");
@@ -297,6 +304,11 @@ pub struct UpdateEndpoint {
     /// The CEL payload filter; `null` removes it.
     #[schema(value_type = Option<String>)]
     pub filter: Option<Value>,
+    /// Deliveries per second; `null` removes the limit (and its burst).
+    #[schema(value_type = Option<f64>)]
+    pub rate_limit: Option<Value>,
+    #[schema(value_type = Option<u32>)]
+    pub burst: Option<Value>,
     /// The version you read: the write fails with 409 if the endpoint changed since.
     pub version: Option<u64>,
 }
@@ -363,6 +375,27 @@ pub async fn update(
         max_concurrency,
         headers: req.headers.map(header_edits),
         filter: nullable_text("filter", req.filter)?,
+        rate_limit: match req.rate_limit {
+            None => None,
+            Some(Value::Null) => Some(None),
+            Some(v) => Some(Some(v.as_f64().ok_or_else(|| {
+                ApiError::field(
+                    "rate_limit",
+                    "must be a number (deliveries per second) or null",
+                )
+            })?)),
+        },
+        burst: match req.burst {
+            None => None,
+            Some(Value::Null) => Some(None),
+            Some(v) => Some(Some(
+                v.as_u64()
+                    .and_then(|n| u32::try_from(n).ok())
+                    .ok_or_else(|| {
+                        ApiError::field("burst", "must be a positive integer or null")
+                    })?,
+            )),
+        },
     };
     let changes_definition = !change.is_empty();
     let mut expected = req.version;

@@ -78,6 +78,12 @@ pub struct AddArgs {
     /// e.g. `data.amount > 100`.
     #[arg(long, value_name = "CEL")]
     pub filter: Option<String>,
+    /// At most this many deliveries per second, for the whole cluster.
+    #[arg(long, value_name = "PER_SECOND")]
+    pub rate_limit: Option<f64>,
+    /// Deliveries that may go out at once after an idle spell (default 1).
+    #[arg(long, requires = "rate_limit")]
+    pub burst: Option<u32>,
     #[command(flatten)]
     pub output: OutputArgs,
 }
@@ -154,6 +160,15 @@ pub struct UpdateArgs {
     /// Remove the payload filter.
     #[arg(long)]
     pub no_filter: bool,
+    /// Sets the rate limit (deliveries per second, whole cluster).
+    #[arg(long, value_name = "PER_SECOND", conflicts_with = "no_rate_limit")]
+    pub rate_limit: Option<f64>,
+    /// Sets the burst of the rate limit.
+    #[arg(long)]
+    pub burst: Option<u32>,
+    /// Removes the rate limit.
+    #[arg(long)]
+    pub no_rate_limit: bool,
     /// Refuse (exit 1) unless the endpoint is at this version (optimistic concurrency).
     #[arg(long, value_name = "VERSION")]
     pub if_version: Option<u64>,
@@ -319,6 +334,8 @@ pub async fn run(
                     max_concurrency: a.max_concurrency,
                     headers,
                     filter,
+                    rate_limit: a.rate_limit,
+                    burst: a.burst,
                 })
                 .await?;
             let shown = generated.then(|| secrets[0].clone());
@@ -349,6 +366,12 @@ pub async fn run(
                 } else {
                     u.filter.clone().map(Some)
                 },
+                rate_limit: if u.no_rate_limit {
+                    Some(None)
+                } else {
+                    u.rate_limit.map(Some)
+                },
+                burst: u.burst.map(Some),
             };
             let e = registry.update(&u.id, change, u.if_version).await?;
             print_written(out, "updated", &e, None, u.output.json())?;
@@ -476,6 +499,9 @@ fn print_written(
     }
     if let Some(f) = &e.filter {
         writeln!(out, "filter: {}", f.source())?;
+    }
+    if let Some(r) = e.rate_limit {
+        writeln!(out, "rate limit: {r}/s, burst {}", e.burst.unwrap_or(1))?;
     }
     if let Some(s) = new_secret {
         writeln!(out, "secret: {s}")?;

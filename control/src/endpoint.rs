@@ -59,6 +59,9 @@ pub struct Endpoint {
     pub headers: Vec<CustomHeader>,
     /// The payload filter, compiled.
     pub filter: Option<EventFilter>,
+    /// Deliveries per second for the whole cluster, and the burst.
+    pub rate_limit: Option<f64>,
+    pub burst: Option<u32>,
     pub managed_by: ManagedBy,
     pub disabled_reason: Option<String>,
     pub created_at_ms: i64,
@@ -146,6 +149,8 @@ impl Endpoint {
             secrets,
             headers,
             filter,
+            rate_limit: r.rate_limit,
+            burst: r.burst,
             managed_by: r.managed_by,
             disabled_reason: r.disabled_reason,
             created_at_ms: r.created_at_ms,
@@ -186,6 +191,8 @@ impl Endpoint {
                 .collect(),
             headers: d.headers.clone(),
             filter: d.filter.clone(),
+            rate_limit: d.rate_limit,
+            burst: d.burst,
             managed_by,
             disabled_reason: (!d.enabled).then(|| why_disabled.to_string()),
             created_at_ms: current.map_or(now, |c| c.created_at_ms),
@@ -231,7 +238,7 @@ impl Endpoint {
             })
             .collect::<Result<Vec<_>, CryptoError>>()?;
         Ok(EndpointRecord {
-            schema: if headers.is_empty() && self.filter.is_none() {
+            schema: if headers.is_empty() && self.filter.is_none() && self.rate_limit.is_none() {
                 SCHEMA_V1
             } else {
                 SCHEMA
@@ -246,6 +253,8 @@ impl Endpoint {
             secrets,
             headers,
             filter: self.filter.as_ref().map(|f| f.source().to_string()),
+            rate_limit: self.rate_limit,
+            burst: self.burst,
             managed_by: self.managed_by,
             disabled_reason: self.disabled_reason.clone(),
             created_at_ms: self.created_at_ms,
@@ -283,6 +292,8 @@ impl Endpoint {
             max_concurrency: self.max_concurrency,
             headers: self.headers.clone(),
             filter: self.filter.clone(),
+            rate_limit: self.rate_limit,
+            burst: self.burst,
         })
     }
 
@@ -320,6 +331,8 @@ impl Endpoint {
                 "secret": h.secret,
             })).collect::<Vec<_>>(),
             "filter": self.filter.as_ref().map(EventFilter::source),
+            "rate_limit": self.rate_limit,
+            "burst": self.burst,
             "managed_by": self.managed_by.as_str(),
             "created_at_ms": self.created_at_ms,
             "updated_at_ms": self.updated_at_ms,
@@ -512,6 +525,12 @@ pub fn validate(def: &EndpointConfig) -> Result<(), FieldError> {
     if let Some(f) = &def.filter {
         ep.insert("filter".into(), f.source().into());
     }
+    if let Some(r) = def.rate_limit {
+        ep.insert("rate_limit".into(), r.into());
+    }
+    if let Some(b) = def.burst {
+        ep.insert("burst".into(), i64::from(b).into());
+    }
     let mut kafka = toml::Table::new();
     kafka.insert("bootstrap_servers".into(), "validation:1".into());
     let mut root = toml::Table::new();
@@ -558,6 +577,8 @@ mod tests {
             max_concurrency: Some(4),
             headers: vec![],
             filter: None,
+            rate_limit: None,
+            burst: None,
         }
     }
 
@@ -759,6 +780,8 @@ mod tests {
             max_concurrency: None,
             headers: vec![],
             filter: None,
+            rate_limit: None,
+            burst: None,
             secrets: vec![],
             managed_by: ManagedBy::Api,
             disabled_reason: None,

@@ -79,6 +79,9 @@ pub struct EndpointUpdate {
     pub headers: Option<Vec<HeaderEdit>>,
     /// The CEL filter (`Some(None)` removes it).
     pub filter: Option<Option<String>>,
+    /// Deliveries per second (`Some(None)` removes the limit, and the burst with it).
+    pub rate_limit: Option<Option<f64>>,
+    pub burst: Option<Option<u32>>,
 }
 
 impl EndpointUpdate {
@@ -91,6 +94,8 @@ impl EndpointUpdate {
             && self.max_concurrency.is_none()
             && self.headers.is_none()
             && self.filter.is_none()
+            && self.rate_limit.is_none()
+            && self.burst.is_none()
     }
 }
 
@@ -174,6 +179,15 @@ impl Registry {
                 if let Some(h) = &change.headers {
                     next.headers = resolve_headers(h, &e.headers).map_err(WriteError::Invalid)?;
                 }
+                if let Some(r) = change.rate_limit {
+                    next.rate_limit = r;
+                    if r.is_none() {
+                        next.burst = None;
+                    }
+                }
+                if let Some(b) = change.burst {
+                    next.burst = b;
+                }
                 if let Some(f) = &change.filter {
                     next.filter =
                         f.as_deref()
@@ -227,6 +241,8 @@ impl Registry {
             max_concurrency: Some(def.max_concurrency),
             headers: Some(def.headers.iter().map(HeaderEdit::from).collect()),
             filter: Some(def.filter.as_ref().map(|f| f.source().to_string())),
+            rate_limit: Some(def.rate_limit),
+            burst: Some(def.burst),
         };
         let updated = self.update(&def.id, change, expected).await?;
         if updated.enabled == def.enabled {

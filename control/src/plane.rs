@@ -221,6 +221,8 @@ mod tests {
             max_concurrency: None,
             headers: vec![],
             filter: None,
+            rate_limit: None,
+            burst: None,
         }
     }
 

@@ -25,10 +25,10 @@ use crate::crypto::Sealed;
 /// a newer one, keeping the endpoint's previous state.
 pub const SCHEMA: u32 = 2;
 
-/// The layout of a record without custom headers or a filter: written as 1 so that a process
-/// from before those existed reads it; one with either is written as [`SCHEMA`], which such a
-/// process skips (it keeps the previous definition rather than send without the headers or
-/// past the filter).
+/// The layout of a record without custom headers, a filter or a rate limit: written as 1 so
+/// that a process from before those existed reads it; one with any is written as [`SCHEMA`],
+/// which such a process skips (it keeps the previous definition rather than send without the
+/// headers, past the filter or over the limit).
 pub const SCHEMA_V1: u32 = 1;
 
 /// Who owns an endpoint's definition.
@@ -70,7 +70,7 @@ pub struct RecordHeader {
 }
 
 /// The value of a `<p>.endpoints` record.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct EndpointRecord {
     pub schema: u32,
     pub id: String,
@@ -92,6 +92,11 @@ pub struct EndpointRecord {
     /// The CEL filter as written.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub filter: Option<String>,
+    /// Deliveries per second, for the whole cluster.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rate_limit: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub burst: Option<u32>,
     pub managed_by: ManagedBy,
     /// Why it is disabled (`manual`, `auto: …`), when it is.
     #[serde(default)]
@@ -168,6 +173,8 @@ mod tests {
                 },
             ],
             filter: Some("data.amount > 100".into()),
+            rate_limit: Some(50.0),
+            burst: Some(5),
             managed_by: ManagedBy::Api,
             disabled_reason: None,
             created_at_ms: 1,

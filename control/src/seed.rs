@@ -37,6 +37,8 @@ fn same(e: &Endpoint, d: &EndpointConfig) -> bool {
         && e.timeout == d.timeout
         && e.max_concurrency == d.max_concurrency
         && e.filter == d.filter
+        && e.rate_limit == d.rate_limit
+        && e.burst == d.burst
 }
 
 /// The file's endpoint as the registry holds it, replacing `current` (if any) at `now`.

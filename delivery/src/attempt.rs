@@ -75,8 +75,11 @@ pub struct Delivery {
 /// How the attempt is made and where a failure goes.
 #[derive(Debug, Clone)]
 pub enum Turn {
-    /// On the retry schedule: the dispatcher's attempt 1, a tier's attempt n.
+    /// On the retry schedule: the dispatcher's attempt 1, a tier's attempt n. A rate-limited
+    /// endpoint's delivery is handed to `<p>.throttle` instead ([`Why::Throttled`]).
     Scheduled,
+    /// The rate limiter's owner of the endpoint granted it a slot: attempted now.
+    Paced,
     /// A replay of the dead letter named `replay_key`: attempted now, whatever the schedule.
     Replay {
         replay_key: String,
@@ -105,6 +108,9 @@ pub enum Why {
     Deferred { busy: usize },
     /// No attempt: dead-lettered for this reason (endpoint unusable, schedule exhausted).
     Dead(DeadReason),
+    /// No attempt: the endpoint is rate-limited; handed to `<p>.throttle`, whose owner of the
+    /// endpoint attempts it when its budget allows.
+    Throttled,
 }
 
 /// What became of the delivery.
@@ -268,7 +274,7 @@ impl DeliveryPath {
         let usable = self.endpoints.current().usable_for(&d.meta).and_then(|e| {
             // The filter is part of the subscription: re-checked on every attempt after the
             // first (fan-out has just evaluated it for that one).
-            if fresh && !replay {
+            if fresh && matches!(turn, Turn::Scheduled) {
                 return Ok(e);
             }
             let view = EventView::new(
@@ -293,6 +299,14 @@ impl DeliveryPath {
             return self.dead_letter(d, DeadReason::Exhausted, &origin).await;
         }
 
+        if endpoint.rate_limit.is_some() && matches!(turn, Turn::Scheduled) {
+            // Waiting for the budget is not an attempt: the record goes as it is.
+            stage.throttled(self.label(&endpoint.id));
+            let hop = Hop::Throttle {
+                topic: self.topics().throttle(),
+            };
+            return self.hand(d, None, Why::Throttled, hop, &origin).await;
+        }
         let (attempt, body) = (d.meta.attempt, d.body.clone());
         // A dropped sender never fires: "never cut".
         let cutoff = origin
@@ -332,7 +346,7 @@ impl DeliveryPath {
             return Ok(report(d.meta, Some(outcome), Next::Delivered));
         }
         let hop = match turn {
-            Turn::Scheduled => {
+            Turn::Scheduled | Turn::Paced => {
                 hop::after_failure(&mut d.meta, &outcome, self.topics(), &self.schedule)
             }
             Turn::Replay {

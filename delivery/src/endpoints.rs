@@ -143,6 +143,8 @@ mod tests {
             max_concurrency: None,
             headers: vec![],
             filter: None,
+            rate_limit: None,
+            burst: None,
         }
     }
 

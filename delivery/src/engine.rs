@@ -148,6 +148,7 @@ impl Engine {
                     attempt,
                     started_at_ms,
                     duration,
+                    retry_after: None,
                     result: AttemptResult::Failed {
                         class: FailureClass::Timeout,
                         status: None,
@@ -193,6 +194,7 @@ impl Engine {
                 started_at_ms: now_ms(),
                 duration: Duration::ZERO,
                 result,
+                retry_after: None,
             };
             return Admission::Attempted(self.finish(endpoint, outcome));
         }
@@ -205,7 +207,7 @@ impl Engine {
         let start = Instant::now();
         let _inflight = InflightGuard::enter(&self.inner.inflight);
         let timeout = endpoint.timeout.unwrap_or(self.inner.timeout);
-        let result = self
+        let (result, retry_after) = self
             .exchange(endpoint, event_id, body, attempt, timeout)
             .await;
         let outcome = AttemptOutcome {
@@ -213,6 +215,7 @@ impl Engine {
             started_at_ms,
             duration: start.elapsed(),
             result,
+            retry_after,
         };
         limit.released(outcome.duration);
         Admission::Attempted(self.finish(endpoint, outcome))
@@ -240,17 +243,18 @@ impl Engine {
         body: Bytes,
         attempt: u32,
         timeout: Duration,
-    ) -> AttemptResult {
+    ) -> (AttemptResult, Option<Duration>) {
         let deadline = tokio::time::Instant::now() + timeout;
         let Some(mut headers) =
             webhook_headers(event_id, now_secs(), attempt, &endpoint.secrets, &body)
         else {
             // The deduper rejects such ids; reaching here is a bug upstream, not the endpoint's.
-            return AttemptResult::Failed {
+            let failed = AttemptResult::Failed {
                 class: FailureClass::Io,
                 status: None,
                 snippet: self.cap("event id is not a valid http header value".into()),
             };
+            return (failed, None);
         };
 
         headers.insert(USER_AGENT, self.inner.user_agent.clone());
@@ -272,24 +276,29 @@ impl Engine {
             Ok(Ok(response)) => response,
             Ok(Err(err)) => {
                 let (class, text) = client::transport_failure(err);
-                return AttemptResult::Failed {
+                let failed = AttemptResult::Failed {
                     class,
                     status: None,
                     snippet: self.cap(text),
                 };
+                return (failed, None);
             }
             Err(_elapsed) => {
-                return AttemptResult::Failed {
+                let failed = AttemptResult::Failed {
                     class: FailureClass::Timeout,
                     status: None,
                     snippet: self.cap(format!(
                         "no response status within {} ms",
                         timeout.as_millis()
                     )),
-                }
+                };
+                return (failed, None);
             }
         };
         let status = response.status().as_u16();
+        let retry_after = matches!(status, 429 | 503)
+            .then(|| retry_after(response.headers(), std::time::SystemTime::now()))
+            .flatten();
 
         // The status decided the result; the body is diagnostics. Read only what is kept, within
         // the grace, then drop the response: the rest is never buffered. When the body ends
@@ -299,7 +308,7 @@ impl Engine {
         let kept = client::read_kept(&mut body, self.inner.max_response_body_bytes, grace).await;
         drop(body);
 
-        if (200..300).contains(&status) {
+        let result = if (200..300).contains(&status) {
             AttemptResult::Delivered { status }
         } else {
             AttemptResult::Failed {
@@ -307,7 +316,8 @@ impl Engine {
                 status: Some(status),
                 snippet: self.cap(String::from_utf8_lossy(&kept).into_owned()),
             }
-        }
+        };
+        (result, retry_after)
     }
 
     /// Logs what must be logged (the delivery path counts the attempt).
@@ -346,6 +356,21 @@ impl Engine {
     fn cap(&self, text: String) -> String {
         truncate_utf8(text, self.inner.max_response_body_bytes)
     }
+}
+
+/// A `Retry-After` header: delay-seconds, or an HTTP date (then the time from `now` until it;
+/// zero if it is past). `None` when absent or unreadable.
+pub fn retry_after(headers: &http::HeaderMap, now: std::time::SystemTime) -> Option<Duration> {
+    let text = headers
+        .get(http::header::RETRY_AFTER)?
+        .to_str()
+        .ok()?
+        .trim();
+    if let Ok(seconds) = text.parse::<u64>() {
+        return Some(Duration::from_secs(seconds));
+    }
+    let at = httpdate::parse_http_date(text).ok()?;
+    Some(at.duration_since(now).unwrap_or(Duration::ZERO))
 }
 
 /// The outcome of an attempt that waited for its slot as long as it took (so was never refused).

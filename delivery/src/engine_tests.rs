@@ -56,6 +56,8 @@ fn endpoint(url: String) -> EndpointConfig {
         max_concurrency: None,
         headers: Vec::new(),
         filter: None,
+        rate_limit: None,
+        burst: None,
     }
 }
 

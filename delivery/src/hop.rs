@@ -29,6 +29,9 @@ pub enum Hop {
     Retry { topic: String, due_ms: i64 },
     /// Dead letter.
     Dead { topic: String },
+    /// `<p>.throttle`: the delivery waits there for its rate-limited endpoint's budget (no
+    /// attempt made, the attempt number unchanged).
+    Throttle { topic: String },
 }
 
 impl Hop {
@@ -45,7 +48,7 @@ impl Hop {
     /// The topic the delivery record goes to.
     pub fn topic(&self) -> &str {
         match self {
-            Hop::Retry { topic, .. } | Hop::Dead { topic } => topic,
+            Hop::Retry { topic, .. } | Hop::Dead { topic } | Hop::Throttle { topic } => topic,
         }
     }
 }

@@ -3,6 +3,8 @@
 //! - `hookline_delivery_attempts_total{stage, result="delivered|failed", class="ok|<failure class>", endpoint}`;
 //! - `hookline_delivery_attempt_duration_seconds{stage, endpoint}`: connect, headers and the kept body;
 //! - `hookline_delivery_dead_letters_total{stage, reason, endpoint}`: deliveries written to `<p>.dlq`;
+//! - `hookline_delivery_throttled_total{stage, endpoint}`: deliveries to a rate-limited endpoint
+//!   handed to `<p>.throttle` to wait for its budget (the wait itself: `hookline_throttle_*`);
 //! - `hookline_delivery_filtered_total{stage, result="no_match|error", endpoint}`: events an
 //!   endpoint's payload filter kept from it (at fan-out; on a later attempt the delivery is also
 //!   dead-lettered as `endpoint_unsubscribed`);
@@ -29,6 +31,8 @@ pub const ATTEMPTS_TOTAL: &str = "hookline_delivery_attempts_total";
 pub const ATTEMPT_DURATION: &str = "hookline_delivery_attempt_duration_seconds";
 /// Name of the dead-letter counter.
 pub const DEAD_LETTERS_TOTAL: &str = "hookline_delivery_dead_letters_total";
+/// Name of the counter of deliveries handed to the rate limiter.
+pub const THROTTLED_TOTAL: &str = "hookline_delivery_throttled_total";
 /// Name of the payload-filter counter.
 pub const FILTERED_TOTAL: &str = "hookline_delivery_filtered_total";
 /// The `endpoint` label value when per-endpoint series are off (too many endpoints).
@@ -45,6 +49,7 @@ pub struct AttemptMetrics {
     duration: HistogramVec,
     dead: IntCounterVec,
     filtered: IntCounterVec,
+    throttled: IntCounterVec,
 }
 
 impl AttemptMetrics {
@@ -86,6 +91,15 @@ impl AttemptMetrics {
             &["result", "endpoint"],
         )?;
         registry.register(Box::new(filtered.clone()))?;
+        let throttled = IntCounterVec::new(
+            Opts::new(
+                THROTTLED_TOTAL,
+                "Deliveries to rate-limited endpoints handed to <p>.throttle to wait for their budget",
+            )
+            .const_label("stage", stage),
+            &["endpoint"],
+        )?;
+        registry.register(Box::new(throttled.clone()))?;
         registry.register(Box::new(attempts.clone()))?;
         registry.register(Box::new(duration.clone()))?;
         registry.register(Box::new(dead.clone()))?;
@@ -95,6 +109,7 @@ impl AttemptMetrics {
             duration,
             dead,
             filtered,
+            throttled,
         })
     }
 
@@ -129,6 +144,11 @@ impl AttemptMetrics {
     /// Counts one event a filter did not admit (`result`: `no_match` or `error`).
     pub fn filtered(&self, result: &str, endpoint: &str) {
         self.filtered.with_label_values(&[result, endpoint]).inc();
+    }
+
+    /// Counts one delivery handed to the rate limiter (`<p>.throttle`).
+    pub fn throttled(&self, endpoint: &str) {
+        self.throttled.with_label_values(&[endpoint]).inc();
     }
 
     /// Counts one delivery written to the dead-letter topic.

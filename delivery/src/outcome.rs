@@ -17,6 +17,9 @@ pub struct AttemptOutcome {
     /// included.
     pub duration: Duration,
     pub result: AttemptResult,
+    /// A 429 or 503 answer's `Retry-After` (seconds, or an HTTP date from now), as sent: the
+    /// rate limiter pauses the endpoint for it (capped); the retry schedule ignores it.
+    pub retry_after: Option<Duration>,
 }
 
 /// Delivered (any 2xx) or failed, with what the failure was.

@@ -82,6 +82,9 @@ pub struct HopWriter {
     pub topics: Topics,
     pub errors: ProduceErrors,
     pub shutdown: Shutdown,
+    /// Partitions of `<p>.throttle` (`topics.partitions`): a rate-limited endpoint's deliveries
+    /// all go to its one partition there.
+    pub throttle_partitions: i32,
 }
 
 impl HopWriter {
@@ -105,12 +108,14 @@ impl HopWriter {
             topics,
             errors,
             shutdown,
+            throttle_partitions: config.topics.partitions,
         })
     }
 
     /// Every topic a delivery record may be written to (tiers, DLQ, invalid), for [`Limits`].
     pub fn topics_written(topics: &Topics, schedule: &[std::time::Duration]) -> Vec<String> {
         let mut out: Vec<String> = schedule.iter().skip(1).map(|o| topics.retry(*o)).collect();
+        out.push(topics.throttle());
         out.push(topics.dlq());
         out.push(topics.invalid());
         out
@@ -270,9 +275,15 @@ impl HopWriter {
         value: &[u8],
         dedupe_key: Option<&str>,
     ) -> OwnedRecord {
+        let partition = (target == self.topics.throttle()).then(|| {
+            hookline_common::contract::topics::throttle_partition(
+                &meta.endpoint_id,
+                self.throttle_partitions,
+            )
+        });
         let build = |meta: &DeliveryMeta| OwnedRecord {
             topic: target.to_string(),
-            partition: None,
+            partition,
             key: key.map(<[u8]>::to_vec),
             value: Some(value.to_vec()),
             headers: meta.kafka_headers(dedupe_key),

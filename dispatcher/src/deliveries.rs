@@ -168,8 +168,13 @@ impl Dispatcher {
         let Next::Handed { why, hop, written } = &report.next else {
             return;
         };
+        if *why == Why::Throttled {
+            // Counted by the delivery path (`hookline_delivery_throttled_total`).
+            debug!(endpoint = %meta.endpoint_id, event = %meta.event_id, "handed to the rate limiter");
+            return;
+        }
         let target = match (written, hop) {
-            (Written::AsPlanned, Hop::Retry { .. }) => HandoffTarget::Retry,
+            (Written::AsPlanned, Hop::Retry { .. } | Hop::Throttle { .. }) => HandoffTarget::Retry,
             (Written::AsPlanned, Hop::Dead { .. }) => HandoffTarget::Dlq,
             (Written::DeadTooLarge, _) => HandoffTarget::DlqRecordTooLarge,
             (Written::Quarantined, _) => HandoffTarget::InvalidRecordTooLarge,
@@ -195,6 +200,7 @@ impl Dispatcher {
                     target,
                 )
             }
+            Why::Throttled => {}
             Why::Dead(reason) => self.metrics.emit_handed_off(
                 &meta.endpoint_id,
                 &meta.event_id,

@@ -33,6 +33,7 @@ use hookline_common::kafka::produce::{OwnedRecord, WriteGate};
 use hookline_delivery::{Delivery, DeliveryPath, Hop, HopError, Next, Origin, Turn, Why, Written};
 
 use crate::metrics::TierMetrics;
+use crate::pacer::Pacer;
 use crate::tier::Completion;
 
 /// `hookline-invalid-reason` of a tier record whose delivery metadata cannot be read.
@@ -91,6 +92,11 @@ impl Pending {
         self.meta.as_ref().ok().map(|m| m.due_ms)
     }
 
+    /// The endpoint of the delivery, if its metadata is readable.
+    pub(crate) fn endpoint_id(&self) -> Option<&str> {
+        self.meta.as_ref().ok().map(|m| m.endpoint_id.as_str())
+    }
+
     /// The attempt the record waits for, if its metadata is readable.
     pub(crate) fn attempt(&self) -> Option<u32> {
         self.meta.as_ref().ok().map(|m| m.attempt)
@@ -127,13 +133,14 @@ pub(crate) async fn process(
     gate: Gate<'_>,
     pending: Pending,
     cutoff: watch::Receiver<bool>,
+    pacer: Option<&Pacer>,
 ) -> Result<Finished, HopError> {
     let claim = Claim {
         ownership: gate.ownership,
         partition: source.partition,
         generation: gate.generation,
     };
-    let result = handle(stage, metrics, &source, &claim, pending, cutoff).await;
+    let result = handle(stage, metrics, &source, &claim, pending, cutoff, pacer).await;
     match result {
         Ok(()) => Ok(Finished::Done),
         Err(HopError::Revoked(_)) => Ok(Finished::Revoked),
@@ -148,6 +155,7 @@ async fn handle(
     claim: &dyn WriteGate,
     pending: Pending,
     cutoff: watch::Receiver<bool>,
+    pacer: Option<&Pacer>,
 ) -> Result<(), HopError> {
     let (meta, value) = match (pending.meta, pending.value) {
         (Ok(meta), Some(value)) => (meta, value),
@@ -183,11 +191,28 @@ async fn handle(
         gate: claim,
         cutoff: Some(cutoff),
     };
+    // The rate limiter's owner attempts now (the slot is taken); a tier hands a rate-limited
+    // endpoint's due retry to it.
+    let turn = if pacer.is_some() {
+        Turn::Paced
+    } else {
+        Turn::Scheduled
+    };
     let report = stage
         .path
-        .attempt(&metrics.attempts, delivery, Turn::Scheduled, origin)
+        .attempt(&metrics.attempts, delivery, turn, origin)
         .await?;
     let meta = &report.meta;
+    if let (Some(pacer), Some(after)) = (pacer, report.outcome.as_ref().and_then(|o| o.retry_after))
+    {
+        let applied = pacer.pause(&meta.endpoint_id, after, tokio::time::Instant::now());
+        tracing::info!(
+            endpoint = %meta.endpoint_id,
+            retry_after_s = after.as_secs_f64(),
+            paused_s = applied.as_secs_f64(),
+            "the endpoint asked to slow down (Retry-After): its new deliveries wait"
+        );
+    }
     if let Some(outcome) = &report.outcome {
         metrics.emit_attempt(meta, due_ms, outcome);
     }
@@ -207,6 +232,12 @@ async fn handle(
             (Why::Dead(reason), _) => metrics.emit_dead(meta, *reason),
             (Why::Failed, Hop::Retry { topic, .. }) => metrics.emit_next_tier(meta, topic),
             (Why::Failed, Hop::Dead { .. }) => metrics.emit_dead(meta, DeadReason::Exhausted),
+            (Why::Failed, Hop::Throttle { .. }) | (Why::Throttled, _) => tracing::debug!(
+                endpoint = %meta.endpoint_id,
+                event = %meta.event_id,
+                attempt = meta.attempt,
+                "due retry handed to the rate limiter"
+            ),
         },
         Next::Handed { written, .. } => metrics.emit_rerouted(meta, *written),
     }

@@ -20,9 +20,15 @@ mod attempt;
 mod due;
 mod metrics;
 mod orphans;
+mod paced;
+mod pacer;
 mod rebalance;
 mod tier;
 mod waiting;
+
+/// The rate limiter's name among the tiers (`run retry-tier --tier throttle`), its consumer
+/// group's stage and its metrics' `tier` / `stage` label.
+pub const THROTTLE: &str = "throttle";
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -142,7 +148,7 @@ pub async fn run_with(
         }
         // An orphan found by itself does not gate readiness (it is drained in the background);
         // a tier named on the command line does.
-        let name = format!("retry.{}", tier.name);
+        let name = tier.group();
         let probe = if tier.orphan && !named {
             StageProbe::detached(&name)
         } else {
@@ -242,6 +248,15 @@ fn select_tiers(
 ) -> anyhow::Result<Vec<Tier>> {
     let topics = Topics::new(&config.topics.prefix);
     let schedule = &config.retry.schedule;
+    // The rate limiter: run with the tiers (every process running them takes part in pacing
+    // rate-limited endpoints, one owner per endpoint).
+    let throttle = Tier {
+        name: THROTTLE.to_string(),
+        topic: topics.throttle(),
+        bound: DueBound::of_tier(schedule, 0),
+        orphan: false,
+        pacer: Some(Arc::new(pacer::Pacer::default())),
+    };
     let all: Vec<Tier> = schedule
         .iter()
         .enumerate()
@@ -251,8 +266,10 @@ fn select_tiers(
             topic: topics.retry(*offset),
             bound: DueBound::of_tier(schedule, index),
             orphan: false,
+            pacer: None,
         })
         .chain(orphans.iter().cloned())
+        .chain([throttle])
         .collect();
     let Some(names) = names else {
         return Ok(all);
@@ -297,10 +314,17 @@ mod tests {
             topic: "p.retry.5m".into(),
             bound: DueBound::of_orphan(&c.retry.schedule, Duration::from_secs(300)),
             orphan: true,
+            pacer: None,
         };
         let with_orphan = select_tiers(&c, None, std::slice::from_ref(&orphan)).expect("all");
-        assert_eq!(with_orphan.len(), 3);
+        assert_eq!(
+            with_orphan.len(),
+            4,
+            "two tiers, the orphan, the rate limiter"
+        );
         assert!(with_orphan[2].orphan);
+        assert!(with_orphan[3].pacer.is_some());
+        assert_eq!(with_orphan[3].topic, "p.throttle");
         assert_eq!(with_orphan[1].bound.max_delay_ms, 58_000, "1m - 2s");
         let named = select_tiers(&c, Some(&["5m".to_string()]), &[orphan]).expect("orphan");
         assert_eq!(named[0].topic, "p.retry.5m");
@@ -309,12 +333,19 @@ mod tests {
             .iter()
             .map(|t| (t.name.as_str(), t.topic.as_str()))
             .collect();
-        assert_eq!(names, [("2s", "p.retry.2s"), ("1m", "p.retry.1m")]);
+        assert_eq!(
+            names,
+            [
+                ("2s", "p.retry.2s"),
+                ("1m", "p.retry.1m"),
+                ("throttle", "p.throttle")
+            ]
+        );
         let one = select_tiers(&c, Some(&["1m".to_string()]), &[]).expect("one");
         assert_eq!(one.len(), 1);
         assert_eq!(one[0].topic, "p.retry.1m");
         let err = select_tiers(&c, Some(&["5m".to_string()]), &[]).expect_err("unknown");
-        assert!(err.to_string().contains("2s, 1m"), "{err}");
+        assert!(err.to_string().contains("2s, 1m, throttle"), "{err}");
         assert!(select_tiers(&c, Some(&[]), &[]).is_err());
     }
 }

@@ -149,7 +149,13 @@ impl Metrics {
     /// The metrics of one tier, every series created up front (zeros, not gaps). Its attempt
     /// series are registered here: once per tier and registry.
     pub(crate) fn tier(&self, tier: &str) -> prometheus::Result<TierMetrics> {
-        let attempts = AttemptMetrics::register(&self.registry, &format!("retry.{tier}"))?;
+        // The rate limiter's attempts are `stage="throttle"`; a tier's `retry.<tier>`.
+        let stage = if tier == crate::THROTTLE {
+            tier.to_string()
+        } else {
+            format!("retry.{tier}")
+        };
+        let attempts = AttemptMetrics::register(&self.registry, &stage)?;
         Ok(TierMetrics {
             tier: tier.to_string(),
             attempts,

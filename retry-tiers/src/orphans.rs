@@ -37,6 +37,7 @@ pub(crate) async fn discover(config: &Config) -> anyhow::Result<Vec<Tier>> {
             name: o.name,
             topic: o.topic,
             orphan: true,
+            pacer: None,
         })
         .collect())
 }

@@ -40,6 +40,8 @@ use tokio::time::Instant;
 
 use hookline_common::kafka::consumer_config;
 use hookline_common::runtime::clock::now_ms;
+
+use crate::pacer::DEFAULT_BURST;
 use hookline_common::runtime::ops::StageProbe;
 use hookline_common::runtime::shutdown::Shutdown;
 use hookline_delivery::HopError;
@@ -47,9 +49,14 @@ use hookline_delivery::HopError;
 use crate::attempt::{self, Finished, Gate, Pending, Stage};
 use crate::due::DueBound;
 use crate::metrics::TierMetrics;
+use crate::paced::PacedWaiting;
+use crate::pacer::Pacer;
 use crate::rebalance::{TierContext, REVOKE_WAIT_CAP};
 use crate::waiting::{PartitionWaiting, LOOKAHEAD_MS};
 use hookline_common::contract::quarantine::Source;
+
+/// Records a rate-limiter partition holds in memory before it is paused (resumed under half).
+pub(crate) const THROTTLE_HELD_PER_PARTITION: usize = 10_000;
 
 /// Longest the loop goes without polling the consumer (rebalance callbacks, liveness).
 pub(crate) const TICK: Duration = Duration::from_millis(500);
@@ -63,6 +70,9 @@ const HANDOFF_DRAIN: Duration = Duration::from_secs(10);
 #[derive(Debug, Default)]
 pub(crate) struct Completion {
     progress: PartitionProgress,
+    /// The rate limiter's records received and not started (begun in `progress` on receipt):
+    /// not counted as unfinished work a revoke waits for.
+    waiting: usize,
     /// Offset to store: end of the contiguous completed prefix, once it moved.
     next: Option<i64>,
 }
@@ -70,7 +80,7 @@ pub(crate) struct Completion {
 impl Completion {
     /// Records begun and not completed.
     pub(crate) fn unfinished(&self) -> usize {
-        self.progress.unfinished()
+        self.progress.unfinished().saturating_sub(self.waiting)
     }
 
     /// The offset to store, once the completed prefix moved.
@@ -88,12 +98,73 @@ pub(crate) struct Tier {
     pub(crate) bound: DueBound,
     /// Not in the current schedule: its records are drained (see `crate::orphans`).
     pub(crate) orphan: bool,
+    /// Set for `<p>.throttle`: the rate limiter, whose records start when their endpoint's
+    /// bucket allows (see `crate::pacer`), not at a due time.
+    pub(crate) pacer: Option<Arc<Pacer>>,
+}
+
+impl Tier {
+    /// The consumer group's stage name: `retry.<tier>`, or `throttle`.
+    pub(crate) fn group(&self) -> String {
+        if self.pacer.is_some() {
+            "throttle".to_string()
+        } else {
+            format!("retry.{}", self.name)
+        }
+    }
+}
+
+/// A partition's records not started yet: held until due (a tier), or until their endpoint's
+/// budget allows (the rate limiter).
+#[derive(Debug)]
+enum Waiting {
+    Due(PartitionWaiting<Pending>),
+    Paced(PacedWaiting<Pending>),
+}
+
+impl Waiting {
+    fn complete(&mut self, offset: i64) -> Option<i64> {
+        match self {
+            Waiting::Due(w) => w.complete(offset),
+            Waiting::Paced(w) => w.complete(offset),
+        }
+    }
+    fn drop_waiting(&mut self) -> usize {
+        match self {
+            Waiting::Due(w) => w.drop_waiting(),
+            Waiting::Paced(w) => w.drop_waiting(),
+        }
+    }
+    fn set_paused(&mut self) {
+        match self {
+            Waiting::Due(w) => w.set_paused(),
+            Waiting::Paced(w) => w.set_paused(),
+        }
+    }
+    fn waiting(&self) -> usize {
+        match self {
+            Waiting::Due(w) => w.waiting(),
+            Waiting::Paced(w) => w.waiting(),
+        }
+    }
+    fn in_flight(&self) -> usize {
+        match self {
+            Waiting::Due(w) => w.in_flight(),
+            Waiting::Paced(w) => w.in_flight(),
+        }
+    }
+    fn is_paused(&self) -> bool {
+        match self {
+            Waiting::Due(w) => w.is_paused(),
+            Waiting::Paced(w) => w.is_paused(),
+        }
+    }
 }
 
 /// A partition this worker owns, for one assignment generation.
 struct Part {
     generation: u64,
-    waiting: PartitionWaiting<Pending>,
+    waiting: Waiting,
 }
 
 /// A finished record task.
@@ -142,10 +213,9 @@ pub(crate) async fn run(
         revoke_wait: config.tiers.shutdown_grace.min(REVOKE_WAIT_CAP),
         closing: AtomicBool::new(false),
     };
-    let consumer: StreamConsumer<TierContext> =
-        consumer_config(&config, &format!("retry.{}", tier.name))
-            .create_with_context(context)
-            .with_context(|| format!("creating the consumer of tier {}", tier.name))?;
+    let consumer: StreamConsumer<TierContext> = consumer_config(&config, &tier.group())
+        .create_with_context(context)
+        .with_context(|| format!("creating the consumer of tier {}", tier.name))?;
     consumer
         .subscribe(&[&tier.topic])
         .with_context(|| format!("subscribing to {}", tier.topic))?;
@@ -157,6 +227,7 @@ pub(crate) async fn run(
         metrics,
         consumer,
         cap: config.tiers.max_in_flight_per_partition.max(1),
+        held_cap: THROTTLE_HELD_PER_PARTITION,
         parts: HashMap::new(),
         ownership,
         tasks: JoinSet::new(),
@@ -200,6 +271,8 @@ struct Worker {
     consumer: StreamConsumer<TierContext>,
     /// Records in flight per partition.
     cap: usize,
+    /// Records held per rate-limiter partition before it is paused (bounded memory).
+    held_cap: usize,
     parts: HashMap<i32, Part>,
     /// Generations, gates, cut signals and completions of the owned partitions (shared with the
     /// rebalance callbacks and the record tasks).
@@ -297,7 +370,22 @@ impl Worker {
                             .emit_due_capped(partition, offset, skew_ms, due_ms);
                     }
                     match self.parts.get_mut(&partition) {
-                        Some(part) => part.waiting.push(offset, due_ms, pending),
+                        Some(Part {
+                            waiting: Waiting::Due(w),
+                            ..
+                        }) => w.push(offset, due_ms, pending),
+                        Some(Part {
+                            waiting: Waiting::Paced(w),
+                            generation,
+                        }) => {
+                            // Begun on receipt: records start out of offset order.
+                            self.ownership.with(partition, *generation, |c| {
+                                c.progress.begin(offset);
+                                c.waiting += 1;
+                            });
+                            let endpoint = pending.endpoint_id().unwrap_or_default().to_string();
+                            w.push(offset, &endpoint, pending);
+                        }
                         None => tracing::debug!(
                             tier = %self.tier.name,
                             partition,
@@ -318,14 +406,38 @@ impl Worker {
         let now = now_ms();
         let mut pause = TopicPartitionList::new();
         let mut resume = TopicPartitionList::new();
+        let instant = Instant::now();
+        let endpoints = self.stage.path.endpoints().current();
+        let limit = |id: &str| {
+            let e = endpoints.get(id)?;
+            Some((e.rate_limit?, e.burst.unwrap_or(DEFAULT_BURST)))
+        };
         for (&partition, part) in &mut self.parts {
-            for (offset, pending) in part.waiting.take_due(now, self.cap) {
+            let started = match (&mut part.waiting, &self.tier.pacer) {
+                (Waiting::Due(w), _) => w.take_due(now, self.cap),
+                (Waiting::Paced(w), Some(pacer)) => {
+                    w.take_due(instant, self.cap, limit, |e, rate, burst| {
+                        pacer.try_take(e, rate, burst, instant)
+                    })
+                }
+                (Waiting::Paced(w), None) => {
+                    w.take_due(instant, self.cap, |_| None, |_, _, _| Ok(()))
+                }
+            };
+            for (offset, pending) in started {
                 let stage = self.stage.clone();
                 let tier = self.tier.clone();
                 let metrics = self.metrics.clone();
                 let generation = part.generation;
                 let ownership = self.ownership.clone();
-                ownership.with(partition, generation, |c| c.progress.begin(offset));
+                let paced = matches!(part.waiting, Waiting::Paced(_));
+                ownership.with(partition, generation, |c| {
+                    if paced {
+                        c.waiting = c.waiting.saturating_sub(1);
+                    } else {
+                        c.progress.begin(offset);
+                    }
+                });
                 let cutoff = ownership
                     .cutoff(partition, generation)
                     .unwrap_or_else(|| watch::channel(false).1);
@@ -339,8 +451,16 @@ impl Worker {
                         ownership: &ownership,
                         generation,
                     };
-                    let result =
-                        attempt::process(&stage, &metrics, source, gate, pending, cutoff).await;
+                    let result = attempt::process(
+                        &stage,
+                        &metrics,
+                        source,
+                        gate,
+                        pending,
+                        cutoff,
+                        tier.pacer.as_deref(),
+                    )
+                    .await;
                     if let Ok(Finished::Done) = result {
                         // Here, not in the loop: a revoke callback (the loop waits inside it)
                         // stores what is complete.
@@ -359,7 +479,11 @@ impl Worker {
                     }
                 });
             }
-            match part.waiting.pause_change(now, self.cap) {
+            let change = match &mut part.waiting {
+                Waiting::Due(w) => w.pause_change(now, self.cap),
+                Waiting::Paced(w) => w.pause_change(self.held_cap),
+            };
+            match change {
                 Some(true) => {
                     pause.add_partition(&self.tier.topic, partition);
                 }
@@ -426,11 +550,16 @@ impl Worker {
             match change {
                 Rebalanced::Assigned(assigned) => {
                     for (partition, generation) in assigned {
+                        let waiting = if self.tier.pacer.is_some() {
+                            Waiting::Paced(PacedWaiting::default())
+                        } else {
+                            Waiting::Due(PartitionWaiting::new(LOOKAHEAD_MS))
+                        };
                         self.parts.insert(
                             partition,
                             Part {
                                 generation,
-                                waiting: PartitionWaiting::new(LOOKAHEAD_MS),
+                                waiting,
                             },
                         );
                     }
@@ -485,9 +614,18 @@ impl Worker {
         }
         let now_ms = now_ms();
         for part in self.parts.values() {
-            if let Some(at) = part.waiting.next_wake(now_ms) {
-                let delay = Duration::from_millis(u64::try_from(at - now_ms).unwrap_or(0));
-                wake = wake.min(now + delay);
+            match &part.waiting {
+                Waiting::Due(w) => {
+                    if let Some(at) = w.next_wake(now_ms) {
+                        let delay = Duration::from_millis(u64::try_from(at - now_ms).unwrap_or(0));
+                        wake = wake.min(now + delay);
+                    }
+                }
+                Waiting::Paced(w) => {
+                    if let Some(at) = w.next_wake() {
+                        wake = wake.min(at.max(now));
+                    }
+                }
             }
         }
         wake

@@ -32,6 +32,8 @@ fn def(id: &str, url: &str) -> EndpointConfig {
         max_concurrency: None,
         headers: vec![],
         filter: None,
+        rate_limit: None,
+        burst: None,
     }
 }
 

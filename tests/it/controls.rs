@@ -458,3 +458,250 @@ async fn a_filter_delivers_exactly_the_matching_subset_also_after_a_retry() {
         s.stop().await.expect("stage stops cleanly");
     }
 }
+
+/// The most requests in any one-second window (sliding, at every arrival).
+fn max_per_second(arrivals: &[std::time::Instant]) -> usize {
+    let mut at: Vec<std::time::Instant> = arrivals.to_vec();
+    at.sort();
+    let mut best = 0;
+    let mut from = 0;
+    for to in 0..at.len() {
+        while at[to].duration_since(at[from]) >= Duration::from_secs(1) {
+            from += 1;
+        }
+        best = best.max(to - from + 1);
+    }
+    best
+}
+
+/// Produces `n` events of `event_type` (ids `<prefix>-<tag>-<i>`), all at once.
+async fn burst(prefix: &str, tag: &str, event_type: &str, n: usize) -> std::time::Instant {
+    let producer = producer();
+    let topic = format!("{prefix}.events");
+    let bodies: Vec<(String, String)> = (0..n)
+        .map(|i| {
+            let id = format!("{prefix}-{tag}-{i}");
+            let body = format!(r#"{{"id":"{id}","type":"{event_type}","data":{{"i":{i}}}}}"#);
+            (id, body)
+        })
+        .collect();
+    let start = std::time::Instant::now();
+    futures::future::join_all(bodies.iter().map(|(id, body)| {
+        produce(
+            &producer,
+            &topic,
+            None,
+            Some(id.as_bytes()),
+            Some(body.as_bytes()),
+            &[],
+        )
+    }))
+    .await;
+    start
+}
+
+/// Waits until `path` has `n` requests whose `webhook-id` starts with `<prefix>-<tag>-`; returns
+/// their arrival times.
+async fn arrivals(
+    rx: &Receiver,
+    path: &str,
+    prefix: &str,
+    tag: &str,
+    n: usize,
+    deadline: Duration,
+) -> Vec<std::time::Instant> {
+    let want = format!("{prefix}-{tag}-");
+    let until = std::time::Instant::now() + deadline;
+    loop {
+        let got: Vec<std::time::Instant> = rx
+            .requests(path)
+            .iter()
+            .filter(|r| header(r, "webhook-id").starts_with(&want))
+            .map(|r| r.at)
+            .collect();
+        if got.len() >= n || std::time::Instant::now() >= until {
+            return got;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rate_limit_holds_across_three_dispatchers_without_slowing_a_neighbour() {
+    require_kafka();
+    let rx = Receiver::start().await;
+    rx.default("limited", Behavior::Status(200));
+    rx.default("free", Behavior::Status(200));
+    let prefix = unique_prefix("controls-rate");
+    let config = test_config(
+        &prefix,
+        &format!(
+            "[retry]\nschedule = [\"0s\", \"5s\"]\n\
+             [[endpoints]]\nid = \"limited\"\nurl = \"{}\"\nevent_types = [\"burst.*\"]\nrate_limit = 50\n\
+             [[endpoints]]\nid = \"free\"\nurl = \"{}\"\n",
+            rx.url("limited"),
+            rx.url("free"),
+        ),
+    );
+    apply_topics(&config).await;
+    // Three dispatchers and two processes of tiers (the rate limiter's group has two members:
+    // one of them owns the endpoint's partition of <p>.throttle).
+    let mut stages = vec![
+        start_deduper(&config),
+        start_dispatcher(&config),
+        start_dispatcher(&config),
+        start_dispatcher(&config),
+    ];
+    stages.push(crate::retry::start_tiers(&config, None).await);
+    stages.push(crate::retry::start_tiers(&config, None).await);
+
+    // The neighbour's throughput: `n` events only it receives, produced at once, until the last
+    // arrives. Best of several runs (a test running beside this one only ever slows a run down).
+    let n = 3000;
+    let neighbour = |tag: String| {
+        let (rx, prefix) = (&rx, &prefix);
+        async move {
+            let start = burst(prefix, &tag, "solo.created", n).await;
+            let got = arrivals(rx, "free", prefix, &tag, n, Duration::from_secs(120)).await;
+            assert_eq!(got.len(), n, "{tag}");
+            n as f64
+                / got
+                    .iter()
+                    .max()
+                    .expect("arrivals")
+                    .duration_since(start)
+                    .as_secs_f64()
+        }
+    };
+    neighbour("warm".into()).await; // groups joined, connections open
+    let mut alone = vec![neighbour("alone-0".into()).await];
+
+    // 2,000 events both receive: the limited endpoint gets them at 50/s, ~40 s.
+    let burst_start = burst(&prefix, "burst", "burst.created", 2000).await;
+    let got = arrivals(
+        &rx,
+        "free",
+        &prefix,
+        "burst",
+        2000,
+        Duration::from_secs(120),
+    )
+    .await;
+    assert_eq!(got.len(), 2000);
+    // While the limited endpoint's backlog drains, the neighbour is measured again.
+    let mut beside = Vec::new();
+    for i in 0..3 {
+        beside.push(neighbour(format!("beside-{i}")).await);
+    }
+    let limited_then = arrivals(&rx, "limited", &prefix, "burst", 0, Duration::ZERO)
+        .await
+        .len();
+    assert!(
+        limited_then < 1900,
+        "the neighbour was measured while the limited endpoint drained ({limited_then} of 2000)"
+    );
+
+    let limited = arrivals(
+        &rx,
+        "limited",
+        &prefix,
+        "burst",
+        2000,
+        Duration::from_secs(120),
+    )
+    .await;
+    let drained = burst_start.elapsed();
+    assert_eq!(limited.len(), 2000, "every event arrives");
+    alone.push(neighbour("alone-1".into()).await);
+    let requests = rx.requests("limited");
+    assert_eq!(requests.len(), 2000, "once each");
+    assert!(
+        requests.iter().all(|r| header(r, "webhook-attempt") == "1"),
+        "waiting never counts as an attempt"
+    );
+    let ids: std::collections::BTreeSet<&str> =
+        requests.iter().map(|r| header(r, "webhook-id")).collect();
+    assert_eq!(ids.len(), 2000, "no duplicate");
+    let peak = max_per_second(&limited);
+    let best = |v: &[f64]| v.iter().copied().fold(0.0, f64::max);
+    println!(
+        "rate limit 50/s: 2,000 deliveries in {:.1} s, at most {peak} in any 1 s window; \
+         neighbour alone {alone:.0?}/s, beside the drain {beside:.0?}/s: best of each {:.2}",
+        drained.as_secs_f64(),
+        best(&beside) / best(&alone)
+    );
+    assert!(peak <= 55, "at most 55 in any 1 s window, saw {peak}");
+    assert!(
+        best(&beside) >= 0.9 * best(&alone),
+        "the neighbour keeps at least 0.9 of its throughput: {beside:.0?}/s vs {alone:.0?}/s alone"
+    );
+
+    for s in stages {
+        s.stop().await.expect("stage stops cleanly");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_429_with_retry_after_pauses_the_endpoints_new_deliveries() {
+    require_kafka();
+    let rx = Receiver::start().await;
+    rx.script("slow", vec![Behavior::RetryAfter(429, 5)]);
+    rx.default("slow", Behavior::Status(200));
+    let prefix = unique_prefix("controls-retry-after");
+    let config = test_config(
+        &prefix,
+        &format!(
+            "[retry]\nschedule = [\"0s\", \"2s\"]\n\
+             [[endpoints]]\nid = \"slow\"\nurl = \"{}\"\nrate_limit = 20\n",
+            rx.url("slow"),
+        ),
+    );
+    apply_topics(&config).await;
+    let mut stages = vec![start_deduper(&config), start_dispatcher(&config)];
+    stages.push(crate::retry::start_tiers(&config, None).await);
+
+    // One event first: its attempt is answered 429, Retry-After: 5.
+    burst(&prefix, "first", "order.created", 1).await;
+    let first = arrivals(&rx, "slow", &prefix, "first", 1, Duration::from_secs(60)).await;
+    assert_eq!(first.len(), 1);
+    let t0 = first[0];
+    // Ten more right away: they wait out the pause, then go at 20/s; the 429'd one is retried
+    // by its schedule (2 s), through the same pause.
+    burst(&prefix, "next", "order.created", 10).await;
+    let next = arrivals(&rx, "slow", &prefix, "next", 10, Duration::from_secs(60)).await;
+    assert_eq!(next.len(), 10);
+    let retried = arrivals(&rx, "slow", &prefix, "first", 2, Duration::from_secs(60)).await;
+    assert_eq!(
+        retried.len(),
+        2,
+        "the 429'd delivery retried on its schedule"
+    );
+    let earliest = next
+        .iter()
+        .chain(retried.iter().skip(1))
+        .min()
+        .expect("arrivals")
+        .duration_since(t0);
+    println!(
+        "Retry-After: 5 → the next request came {:.2} s later",
+        earliest.as_secs_f64()
+    );
+    assert!(
+        earliest >= Duration::from_millis(4800) && earliest <= Duration::from_secs(8),
+        "paused for ~5 s, got {earliest:?}"
+    );
+    let attempts: Vec<String> = rx
+        .requests("slow")
+        .iter()
+        .filter(|r| header(r, "webhook-id").ends_with("-first-0"))
+        .map(|r| header(r, "webhook-attempt").to_string())
+        .collect();
+    assert_eq!(
+        attempts,
+        ["1", "2"],
+        "the failed attempt followed the schedule"
+    );
+    for s in stages {
+        s.stop().await.expect("stage stops cleanly");
+    }
+}

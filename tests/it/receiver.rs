@@ -21,6 +21,8 @@ pub enum Behavior {
     Delay(Duration, u16),
     /// Never answer (until the client gives up).
     Hang,
+    /// Answer with the status and `Retry-After: <seconds>`.
+    RetryAfter(u16, u64),
 }
 
 /// One request as received.
@@ -119,7 +121,7 @@ async fn handle(
     Path(path): Path<String>,
     headers: HeaderMap,
     body: Bytes,
-) -> StatusCode {
+) -> (StatusCode, HeaderMap) {
     let path = norm(&path);
     let behavior = {
         let mut g = inner.lock().unwrap_or_else(|e| e.into_inner());
@@ -152,8 +154,13 @@ async fn handle(
             .or_else(|| g.defaults.get(&path).copied())
             .unwrap_or(Behavior::Status(200))
     };
+    let mut out = HeaderMap::new();
     let code = match behavior {
         Behavior::Status(c) => c,
+        Behavior::RetryAfter(c, seconds) => {
+            out.insert(axum::http::header::RETRY_AFTER, seconds.into());
+            c
+        }
         Behavior::Delay(d, c) => {
             tokio::time::sleep(d).await;
             c
@@ -163,5 +170,8 @@ async fn handle(
             200
         }
     };
-    StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR)
+    (
+        StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
+        out,
+    )
 }

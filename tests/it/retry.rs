@@ -41,7 +41,7 @@ fn endpoint_toml(id: &str, url: &str, extra: &str) -> String {
 }
 
 /// Runs the retry tiers in this process and waits until every selected tier has its partitions.
-async fn start_tiers(config: &Config, tiers: Option<Vec<String>>) -> Running {
+pub async fn start_tiers(config: &Config, tiers: Option<Vec<String>>) -> Running {
     let (trigger, shutdown) = shutdown::channel();
     let registry = prometheus::Registry::new();
     let readiness = Readiness::default();

@@ -41,7 +41,17 @@ pub struct EndpointConfig {
     /// endpoint to receive it, besides `tenant` and `event_types`.
     #[serde(default)]
     pub filter: Option<super::filter::EventFilter>,
+    /// At most this many deliveries per second to this endpoint, for the whole cluster: its
+    /// deliveries then go through `<p>.throttle`, whose owner paces them.
+    #[serde(default)]
+    pub rate_limit: Option<f64>,
+    /// Deliveries that may go out at once after an idle spell (default 1: strictly paced).
+    #[serde(default)]
+    pub burst: Option<u32>,
 }
+
+/// The most `rate_limit` may say (deliveries per second).
+pub const RATE_LIMIT_MAX: f64 = 100_000.0;
 
 const fn enabled() -> bool {
     true
@@ -64,6 +74,8 @@ impl fmt::Debug for EndpointConfig {
             .field("max_concurrency", &self.max_concurrency)
             .field("headers", &self.headers)
             .field("filter", &self.filter)
+            .field("rate_limit", &self.rate_limit)
+            .field("burst", &self.burst)
             .finish()
     }
 }
@@ -372,6 +384,26 @@ pub(super) fn validate(endpoints: &[EndpointConfig]) -> Result<(), ConfigError> 
                 at("max_concurrency"),
                 "must be at least 1",
             ));
+        }
+        if let Some(r) = ep.rate_limit {
+            if !(0.01..=RATE_LIMIT_MAX).contains(&r) {
+                return Err(ConfigError::field(
+                    at("rate_limit"),
+                    format!("must be between 0.01 and {RATE_LIMIT_MAX} deliveries per second"),
+                ));
+            }
+        }
+        match (ep.burst, ep.rate_limit) {
+            (Some(_), None) => {
+                return Err(ConfigError::field(
+                    at("burst"),
+                    "applies only with rate_limit",
+                ))
+            }
+            (Some(b), Some(_)) if b == 0 || b > 100_000 => {
+                return Err(ConfigError::field(at("burst"), "must be 1..=100000"))
+            }
+            _ => {}
         }
         for (j, h) in ep.headers.iter().enumerate() {
             if ep.headers[..j].iter().any(|o| o.name == h.name) {

@@ -44,6 +44,11 @@ impl Topics {
     pub fn dlq(&self) -> String {
         format!("{}.dlq", self.prefix)
     }
+    /// Deliveries to rate-limited endpoints, waiting for their endpoint's budget; partitioned
+    /// by endpoint id ([`throttle_partition`]), so one consumer paces each endpoint.
+    pub fn throttle(&self) -> String {
+        format!("{}.throttle", self.prefix)
+    }
     /// Compacted: one record per finished replay, keyed by its replay key (`dlq:<p>:<offset>`).
     pub fn replays(&self) -> String {
         format!("{}.replays", self.prefix)
@@ -65,6 +70,13 @@ impl Topics {
     pub fn operational(&self) -> String {
         format!("{}.operational", self.prefix)
     }
+}
+
+/// The `<p>.throttle` partition of an endpoint's deliveries (of `partitions`): every writer
+/// agrees, so exactly one consumer owns an endpoint's pacing.
+pub fn throttle_partition(endpoint_id: &str, partitions: i32) -> i32 {
+    let h = xxhash_rust::xxh3::xxh3_64(endpoint_id.as_bytes());
+    i32::try_from(h % u64::from(partitions.max(1).unsigned_abs())).unwrap_or(0)
 }
 
 /// What one topic should look like.
@@ -153,6 +165,11 @@ pub fn plan(config: &Config) -> Vec<TopicSpec> {
         );
         out.push(tier);
     }
+    out.push(spec(
+        t.throttle(),
+        "rate-limited deliveries waiting for their endpoint's budget, partitioned by endpoint id",
+        flow,
+    ));
     out.push(spec(
         t.dlq(),
         "dead letters: deliveries that exhausted the schedule (kept forever)",
@@ -330,6 +347,17 @@ mod tests {
     use super::*;
 
     #[test]
+    fn an_endpoint_has_one_throttle_partition() {
+        let p = throttle_partition("crm", 6);
+        assert!((0..6).contains(&p));
+        assert_eq!(p, throttle_partition("crm", 6), "every writer agrees");
+        let spread: std::collections::BTreeSet<i32> = (0..100)
+            .map(|i| throttle_partition(&format!("ep-{i}"), 6))
+            .collect();
+        assert_eq!(spread.len(), 6);
+    }
+
+    #[test]
     fn plan_covers_pipeline_and_tiers() {
         let c = Config::from_toml_with_env(
             "[kafka]\nbootstrap_servers = \"x:1\"\n[topics]\nprefix = \"p\"\npartitions = 3\n",
@@ -352,6 +380,7 @@ mod tests {
                 "p.retry.2h",
                 "p.retry.6h",
                 "p.retry.24h",
+                "p.throttle",
                 "p.dlq",
                 "p.replays",
                 "p.idempotency",
@@ -361,10 +390,10 @@ mod tests {
             ]
         );
         let specs = plan(&c);
-        let dlq = &specs[11];
+        let dlq = &specs[12];
         assert_eq!(dlq.configs["retention.ms"], "-1");
         assert_eq!(dlq.configs["cleanup.policy"], "delete");
-        let replays = &specs[12];
+        let replays = &specs[13];
         assert_eq!(replays.configs["cleanup.policy"], "compact");
         assert_eq!(replays.configs["retention.ms"], "-1");
         let state = &specs[3];
@@ -372,18 +401,18 @@ mod tests {
             state.configs["retention.ms"],
             (48 * 3_600_000u64).to_string()
         );
-        let endpoints = &specs[14];
+        let endpoints = &specs[15];
         assert_eq!(endpoints.partitions, 1);
         assert_eq!(endpoints.configs["cleanup.policy"], "compact");
         assert_eq!(endpoints.configs["retention.ms"], "-1");
-        let attempts = &specs[15];
+        let attempts = &specs[16];
         assert_eq!(attempts.partitions, 3);
         assert_eq!(attempts.configs["cleanup.policy"], "delete");
         assert_eq!(
             attempts.configs["retention.ms"],
             (7 * 86_400_000u64).to_string()
         );
-        assert_eq!(specs[16].partitions, 1);
+        assert_eq!(specs[17].partitions, 1);
         let tier24 = &specs[10];
         assert_eq!(
             tier24.configs["retention.ms"],
