@@ -13,7 +13,7 @@ use hookline_common::contract::replays::ReplayRecord;
 use hookline_control::attempts::{Attempt, Outcome};
 use hookline_control::health::{HealthReport, Seen};
 use hookline_control::Endpoint;
-use hookline_dashboard::data::Activity;
+use hookline_dashboard::data::{Activity, Settings};
 use hookline_dashboard::{
     AttemptRow, Backend, Counters, DeadDetail, DeadFilter, DeadPage, DeadRow, EndpointRow, Health,
     Problem, ReplayOutcome, Scope, TestSendOutcome,
@@ -88,6 +88,8 @@ fn health(h: &HealthReport) -> Health {
         failing_since: h.failing_since_ms.map(dead::rfc3339_ms),
         pending_retries: h.pending_retries,
         oldest_pending_retry: h.oldest_pending_retry_ms.map(dead::rfc3339_ms),
+        throttled: h.status == "throttled",
+        throttled_last_hour: h.throttled_in_window as u64,
     }
 }
 
@@ -101,6 +103,23 @@ fn endpoint_row(e: &Endpoint, h: &HealthReport, dead: u64, activity: Activity) -
         health: health(h),
         dead,
         activity,
+        settings: Settings {
+            rate_limit: e.rate_limit,
+            burst: e.burst,
+            filter: e.filter.as_ref().map(|f| f.source().to_string()),
+            headers: e
+                .headers
+                .iter()
+                .map(|h| {
+                    let value = (!h.secret).then(|| h.value_text().to_string());
+                    (h.name.as_str().to_string(), value, h.secret)
+                })
+                .collect(),
+            timeout: e.timeout.map(|t| humantime::format_duration(t).to_string()),
+            max_concurrency: e.max_concurrency,
+            file_managed: e.managed_by == hookline_control::record::ManagedBy::File,
+            version: e.version,
+        },
     }
 }
 

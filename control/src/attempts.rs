@@ -68,6 +68,14 @@ pub struct Attempt {
     pub next: Option<String>,
     /// The process that made it (`kafka.instance_id` or the host name).
     pub instance: String,
+    /// How long the endpoint's rate limit held the delivery back before this attempt: set on
+    /// throttled attempts only.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub waited_ms: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 impl Attempt {
@@ -222,6 +230,7 @@ mod tests {
             at_ms: 1_000,
             next: Some("retry.5m".into()),
             instance: "pod-1".into(),
+            waited_ms: 0,
         };
         assert!(a.error.as_ref().is_some_and(|e| e.len() <= MAX_ERROR));
         let v: serde_json::Value = serde_json::from_slice(&a.to_bytes()).expect("json");

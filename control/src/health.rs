@@ -34,6 +34,9 @@ pub struct Seen {
     pub class: String,
     pub error: Option<String>,
     pub stage: String,
+    /// How long the endpoint's rate limit held this delivery back (throttled); absent if not.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub waited_ms: Option<u64>,
     /// (event id, attempt): ties on time are broken by it, the same everywhere.
     #[serde(skip)]
     order: (String, u32),
@@ -47,6 +50,7 @@ impl Seen {
             class: a.class.clone(),
             error: a.error.clone(),
             stage: a.stage.clone(),
+            waited_ms: (a.waited_ms > 0).then_some(a.waited_ms),
             order: (a.event_id.clone(), a.attempt),
         }
     }
@@ -60,8 +64,8 @@ impl Seen {
 /// What one endpoint's attempts say.
 #[derive(Debug, Clone, Default)]
 pub struct EndpointHealth {
-    /// The most recent attempts: (time, event id, attempt) → delivered.
-    recent: BTreeMap<(i64, String, u32), bool>,
+    /// The most recent attempts: (time, event id, attempt) → (delivered, throttled).
+    recent: BTreeMap<(i64, String, u32), (bool, bool)>,
     last: Option<Seen>,
     last_failure: Option<Seen>,
     last_success_ms: Option<i64>,
@@ -83,11 +87,14 @@ pub const PENDING_CAP: usize = 100_000;
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct HealthReport {
     pub endpoint_id: String,
-    /// `healthy`, `degraded` (recent success rate under 90 %), `failing` (the latest attempt
-    /// failed), `unknown` (no attempt read).
+    /// `healthy`, `throttled` (healthy, but its latest attempt had waited for the endpoint's
+    /// rate limit: deliveries are queuing behind it), `degraded` (recent success rate under
+    /// 90 %), `failing` (the latest attempt failed), `unknown` (no attempt read).
     pub status: &'static str,
     pub attempts_in_window: usize,
     pub successes_in_window: usize,
+    /// Attempts in the window that had waited for the endpoint's rate limit.
+    pub throttled_in_window: usize,
     pub success_rate: Option<f64>,
     pub last_attempt: Option<Seen>,
     pub last_error: Option<Seen>,
@@ -127,8 +134,10 @@ impl EndpointHealth {
         }
         self.latest_ms = self.latest_ms.max(a.at_ms);
         let ok = a.outcome == Outcome::Delivered;
-        self.recent
-            .insert((a.at_ms, a.event_id.clone(), a.attempt), ok);
+        self.recent.insert(
+            (a.at_ms, a.event_id.clone(), a.attempt),
+            (ok, a.waited_ms > 0),
+        );
         while self.recent.len() > window.attempts {
             self.recent.pop_first();
         }
@@ -175,13 +184,14 @@ impl EndpointHealth {
         dead: u64,
     ) -> HealthReport {
         let since = now_ms - i64::try_from(window.period.as_millis()).unwrap_or(i64::MAX);
-        let in_window: Vec<bool> = self
+        let in_window: Vec<(bool, bool)> = self
             .recent
             .iter()
             .filter(|((at, _, _), _)| *at >= since)
-            .map(|(_, ok)| *ok)
+            .map(|(_, v)| *v)
             .collect();
-        let successes = in_window.iter().filter(|ok| **ok).count();
+        let successes = in_window.iter().filter(|(ok, _)| *ok).count();
+        let throttled = in_window.iter().filter(|(_, t)| *t).count();
         let rate = (!in_window.is_empty()).then(|| successes as f64 / in_window.len() as f64);
         let consecutive = self.folded.map_or(0, |(c, _, _)| c) + self.streak.values().sum::<u64>();
         let failing_since = self
@@ -192,10 +202,12 @@ impl EndpointHealth {
             .last
             .as_ref()
             .is_some_and(|l| l.class != "ok" && l.status.is_none_or(|s| !(200..300).contains(&s)));
+        let last_throttled = self.last.as_ref().is_some_and(|l| l.waited_ms.is_some());
         let status = match (&self.last, rate) {
             (None, _) => "unknown",
             _ if last_failed && consecutive > 0 => "failing",
             (_, Some(r)) if r < 0.9 => "degraded",
+            _ if last_throttled => "throttled",
             _ => "healthy",
         };
         HealthReport {
@@ -203,6 +215,7 @@ impl EndpointHealth {
             status,
             attempts_in_window: in_window.len(),
             successes_in_window: successes,
+            throttled_in_window: throttled,
             success_rate: rate,
             last_attempt: self.last.clone(),
             last_error: self.last_failure.clone(),
@@ -259,7 +272,26 @@ mod tests {
             at_ms,
             next: None,
             instance: "p".into(),
+            waited_ms: 0,
         }
+    }
+
+    #[test]
+    fn a_healthy_endpoint_held_back_by_its_rate_limit_is_throttled() {
+        let mut h = EndpointHealth::default();
+        h.observe(&attempt("a", 1_000, true), &W);
+        assert_eq!(h.report("crm", 2_000, &W, 0).status, "healthy");
+        let waited = Attempt {
+            waited_ms: 1_500,
+            ..attempt("b", 1_500, true)
+        };
+        h.observe(&waited, &W);
+        let r = h.report("crm", 2_000, &W, 0);
+        assert_eq!((r.status, r.throttled_in_window), ("throttled", 1));
+        assert_eq!(r.last_attempt.and_then(|l| l.waited_ms), Some(1_500));
+        // Failing wins over throttled; an attempt that did not wait ends it.
+        h.observe(&attempt("c", 1_600, true), &W);
+        assert_eq!(h.report("crm", 2_000, &W, 0).status, "healthy");
     }
 
     #[test]

@@ -201,6 +201,7 @@ impl AttemptObserver for LogObserver {
             at_ms: e.outcome.started_at_ms,
             next: e.next.map(str::to_string),
             instance: self.0.instance().to_string(),
+            waited_ms: e.waited_ms,
         });
     }
 }

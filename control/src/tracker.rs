@@ -37,10 +37,11 @@ struct State {
     dead: HashMap<String, u64>,
     /// The latest [`RECENT`] attempts per endpoint (by attempt time), for the dashboard.
     recent: HashMap<String, BTreeMap<(i64, String, u32), Attempt>>,
-    /// Attempts per endpoint per minute of attempt time (delivered, failed), the last
+    /// Attempts per endpoint per minute of attempt time (delivered, failed, throttled — of
+    /// either, those that had waited for the endpoint's rate limit), the last
     /// [`COUNT_MINUTES`] minutes (at most that many entries per endpoint): the dashboard's live
     /// counters and charts.
-    minutes: HashMap<String, BTreeMap<i64, (u64, u64)>>,
+    minutes: HashMap<String, BTreeMap<i64, (u64, u64, u64)>>,
 }
 
 /// Minutes of per-endpoint counts kept for [`Health::counts`] and [`Health::per_minute`]: 24 h
@@ -171,20 +172,25 @@ impl Health {
             .get(endpoint_id)
             .map(|m| {
                 m.range(from..)
-                    .fold((0, 0), |(d, f), (_, (d2, f2))| (d + d2, f + f2))
+                    .fold((0, 0), |(d, f), (_, (d2, f2, _))| (d + d2, f + f2))
             })
             .unwrap_or((0, 0))
     }
 
-    /// (minute, delivered, failed) of an endpoint for every minute with attempts among the last
-    /// `minutes` (whole minutes, the current one included; at most [`COUNT_MINUTES`]), oldest
-    /// first; the minute is unix ms / 60,000.
-    pub fn per_minute(&self, endpoint_id: &str, minutes: i64) -> Vec<(i64, u64, u64)> {
+    /// (minute, delivered, failed, throttled) of an endpoint for every minute with attempts
+    /// among the last `minutes` (whole minutes, the current one included; at most
+    /// [`COUNT_MINUTES`]), oldest first; the minute is unix ms / 60,000. Throttled attempts are
+    /// also delivered or failed: those that had waited for the endpoint's rate limit.
+    pub fn per_minute(&self, endpoint_id: &str, minutes: i64) -> Vec<(i64, u64, u64, u64)> {
         let from = first_minute(minutes);
         lock(&self.state)
             .minutes
             .get(endpoint_id)
-            .map(|m| m.range(from..).map(|(k, (d, f))| (*k, *d, *f)).collect())
+            .map(|m| {
+                m.range(from..)
+                    .map(|(k, (d, f, t))| (*k, *d, *f, *t))
+                    .collect()
+            })
             .unwrap_or_default()
     }
 
@@ -256,6 +262,9 @@ fn apply(m: &rdkafka::message::OwnedMessage, state: &Mutex<State>, dlq: &str, wi
                 match a.outcome {
                     crate::attempts::Outcome::Delivered => slot.0 += 1,
                     crate::attempts::Outcome::Failed => slot.1 += 1,
+                }
+                if a.waited_ms > 0 {
+                    slot.2 += 1;
                 }
                 let horizon = now_ms().div_euclid(60_000) - COUNT_MINUTES;
                 while counts.first_key_value().is_some_and(|(m, _)| *m < horizon) {

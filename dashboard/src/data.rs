@@ -38,6 +38,25 @@ pub struct EndpointRow {
     pub dead: u64,
     /// Its attempts per minute over the last 24 h, from the delivery log.
     pub activity: Activity,
+    /// Its delivery settings, as the endpoint page shows (and edits) them.
+    pub settings: Settings,
+}
+
+/// An endpoint's delivery settings. Secret header values are never here.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Settings {
+    pub rate_limit: Option<f64>,
+    pub burst: Option<u32>,
+    pub filter: Option<String>,
+    /// (name, value unless secret, secret).
+    pub headers: Vec<(String, Option<String>, bool)>,
+    /// `5s`, when set.
+    pub timeout: Option<String>,
+    pub max_concurrency: Option<usize>,
+    /// Changed in the config file only (the page shows, does not edit).
+    pub file_managed: bool,
+    /// The version an edit is made against (a concurrent change is refused).
+    pub version: u64,
 }
 
 /// Attempts of an endpoint per minute: (minute, delivered, failed) for every minute with
@@ -45,18 +64,20 @@ pub struct EndpointRow {
 #[derive(Debug, Clone, Default)]
 pub struct Activity {
     pub now_minute: i64,
-    pub minutes: Vec<(i64, u64, u64)>,
+    /// (minute, delivered, failed, throttled): throttled attempts are also delivered or failed,
+    /// those that had waited for the endpoint's rate limit.
+    pub minutes: Vec<(i64, u64, u64, u64)>,
 }
 
 impl Activity {
-    /// (delivered, failed) per bucket of `bucket_minutes`, `buckets` of them ending with the
-    /// current minute's bucket, oldest first.
-    pub fn buckets(&self, buckets: usize, bucket_minutes: i64) -> Vec<(u64, u64)> {
+    /// (delivered, failed, throttled) per bucket of `bucket_minutes`, `buckets` of them ending
+    /// with the current minute's bucket, oldest first.
+    pub fn buckets(&self, buckets: usize, bucket_minutes: i64) -> Vec<(u64, u64, u64)> {
         let n = i64::try_from(buckets).unwrap_or(i64::MAX);
         let width = bucket_minutes.max(1);
         let first = self.now_minute - n * width + 1;
-        let mut out = vec![(0, 0); buckets];
-        for (m, d, f) in &self.minutes {
+        let mut out = vec![(0, 0, 0); buckets];
+        for (m, d, f, t) in &self.minutes {
             if *m < first || *m > self.now_minute {
                 continue;
             }
@@ -64,16 +85,19 @@ impl Activity {
             if let Some(slot) = out.get_mut(i) {
                 slot.0 += d;
                 slot.1 += f;
+                slot.2 += t;
             }
         }
         out
     }
 
-    /// Total (delivered, failed) over the activity.
-    pub fn totals(&self) -> (u64, u64) {
+    /// Total (delivered, failed, throttled) over the activity.
+    pub fn totals(&self) -> (u64, u64, u64) {
         self.minutes
             .iter()
-            .fold((0, 0), |(d, f), (_, d2, f2)| (d + d2, f + f2))
+            .fold((0, 0, 0), |(d, f, t), (_, d2, f2, t2)| {
+                (d + d2, f + f2, t + t2)
+            })
     }
 }
 
@@ -94,6 +118,11 @@ pub struct Health {
     /// Deliveries waiting in a retry tier, and since when the longest-waiting one (RFC 3339).
     pub pending_retries: u64,
     pub oldest_pending_retry: Option<String>,
+    /// The newest attempt had waited for the endpoint's rate limit: deliveries are queuing
+    /// behind it.
+    pub throttled: bool,
+    /// Attempts of the last hour that had waited for the rate limit.
+    pub throttled_last_hour: u64,
 }
 
 /// One attempt from the delivery log.

@@ -17,7 +17,7 @@ table{border-collapse:collapse;width:100%;background:#fff}
 th,td{text-align:left;padding:6px 8px;border-bottom:1px solid #e3e6eb;vertical-align:top}
 th{font-weight:600;background:#eef0f4}
 .warn{background:#fff4e5;border:1px solid #f0b45a;padding:8px 12px;margin:8px 0;border-radius:4px}
-.bad{color:#b3261e}.ok{color:#1e7b34}.muted{color:#6b7280}
+.bad{color:#b3261e}.ok{color:#1e7b34}.muted{color:#6b7280}.thr{color:#b45309}
 .counters{display:flex;gap:16px;margin:0 0 16px}
 .counter{background:#fff;border:1px solid #e3e6eb;border-radius:4px;padding:8px 14px}
 .counter b{display:block;font-size:20px}
@@ -138,7 +138,10 @@ pub fn endpoints(rows: &[EndpointRow]) -> Markup {
                         td { a href=(format!("/ui/endpoints/{}", urlencode(&r.id))) { (r.id) } }
                         td.muted { (r.url) }
                         td { (r.tenant.as_deref().unwrap_or("(all)")) }
-                        td { @if r.enabled { span.ok { "enabled" } } @else { span.bad { "disabled" } } }
+                        td {
+                            @if r.enabled { span.ok { "enabled" } } @else { span.bad { "disabled" } }
+                            @if r.health.throttled { br; span.thr.throttled-state { "throttled" } }
+                        }
                         td { (rate(&r.health)) }
                         td { (chart(&r.activity, 24, 60, 96.0, 20.0, "trend", &r.id)) }
                         td {
@@ -194,13 +197,21 @@ pub fn endpoint(row: &EndpointRow, attempts: &[AttemptRow], csrf: &str) -> Marku
             tr { th { "last error" } td { (row.health.last_error.as_deref().unwrap_or("—")) } }
             tr { th { "failures in a row" } td { (row.health.consecutive_failures) } }
             tr { th { "failing since" } td { (row.health.failing_since.as_deref().unwrap_or("—")) } }
+            tr { th { "rate limit" } td {
+                @match row.settings.rate_limit {
+                    Some(r) => { (r) "/s, burst " (row.settings.burst.unwrap_or(1))
+                        @if row.health.throttled { " — " span.thr #throttled { "throttled" } " (deliveries are waiting for the limit)" }
+                        @if row.health.throttled_last_hour > 0 { span.muted { "; " (row.health.throttled_last_hour) " attempts held back in the last hour" } } }
+                    None => { span.muted { "none" } }
+                } } }
             tr { th { "waiting to retry" } td { (row.health.pending_retries)
                 @if let Some(at) = &row.health.oldest_pending_retry { span.muted { ", the oldest since " (at) } } } }
         }
         h2 { "Attempts per minute, last 24 h" }
-        @let (delivered, failed) = row.activity.totals();
-        p.muted { (delivered) " delivered, " (failed) " failed (every stage: first attempts, retries, replays, test sends); "
-            span.ok { "■" } " delivered " span.bad { "■" } " failed" }
+        @let (delivered, failed, throttled) = row.activity.totals();
+        p.muted { (delivered) " delivered, " (failed) " failed (every stage: first attempts, retries, replays, test sends), "
+            (throttled) " of them throttled (held back by the rate limit first); "
+            span.ok { "■" } " delivered " span.bad { "■" } " failed " span.thr { "▬" } " throttled" }
         (chart(&row.activity, 24 * 60, 1, 720.0, 120.0, "activity", &row.id))
         div.muted style="width:720px;display:flex;justify-content:space-between" { span { "24 h ago" } span { "now" } }
         h2 { "Recent attempts" }
@@ -221,27 +232,31 @@ pub fn chart(
     endpoint: &str,
 ) -> Markup {
     let bars = activity.buckets(buckets, bucket_minutes);
-    let (delivered, failed) = bars
+    let (delivered, failed, throttled) = bars
         .iter()
-        .fold((0u64, 0u64), |(d, f), (d2, f2)| (d + d2, f + f2));
-    let top = bars.iter().map(|(d, f)| d + f).max().unwrap_or(0).max(1) as f64;
+        .fold((0u64, 0u64, 0u64), |(d, f, t), (d2, f2, t2)| {
+            (d + d2, f + f2, t + t2)
+        });
+    let top = bars.iter().map(|(d, f, _)| d + f).max().unwrap_or(0).max(1) as f64;
     let w = width / buckets.max(1) as f64;
     // A minute of a day-wide chart is half a pixel: a bar is drawn at least 2 px wide.
     let bw = w.max(2.0);
     let label = format!(
-        "{delivered} delivered and {failed} failed attempts in the last {} h",
+        "{delivered} delivered and {failed} failed attempts in the last {} h, {throttled} throttled",
         buckets as i64 * bucket_minutes / 60
     );
     html! {
         svg class=(class) data-endpoint=(endpoint) data-delivered=(delivered) data-failed=(failed)
+            data-throttled=(throttled)
             width=(width) height=(height) viewBox=(format!("0 0 {width} {height}"))
             role="img" aria-label=(label) style="background:#fff;border:1px solid #e5e7eb" {
             title { (label) }
-            @for (i, (d, f)) in bars.iter().enumerate() {
+            @for (i, (d, f, t)) in bars.iter().enumerate() {
                 @if d + f > 0 {
                     @let x = (i as f64 * w).min(width - bw).max(0.0);
                     @let hd = *d as f64 / top * height;
                     @let hf = *f as f64 / top * height;
+                    @let ht = *t as f64 / top * height;
                     @if *d > 0 {
                         rect x=(format!("{x:.2}")) y=(format!("{:.2}", height - hd)) width=(format!("{bw:.2}"))
                             height=(format!("{hd:.2}")) fill="#15803d" {}
@@ -249,6 +264,11 @@ pub fn chart(
                     @if *f > 0 {
                         rect x=(format!("{x:.2}")) y=(format!("{:.2}", height - hd - hf)) width=(format!("{bw:.2}"))
                             height=(format!("{hf:.2}")) fill="#b91c1c" {}
+                    }
+                    // Throttled attempts are among those drawn: an amber band over them.
+                    @if *t > 0 {
+                        rect.throttled x=(format!("{x:.2}")) y=(format!("{:.2}", height - ht)) width=(format!("{bw:.2}"))
+                            height=(format!("{ht:.2}")) fill="#d97706" fill-opacity="0.6" {}
                     }
                 }
             }
@@ -436,19 +456,20 @@ mod tests {
         let a = Activity {
             now_minute: 1_000,
             // 24 h ago exactly is outside; the current minute and one an hour ago are in.
-            minutes: vec![(1_000 - 1_440, 9, 9), (940, 2, 1), (1_000, 3, 0)],
+            minutes: vec![(1_000 - 1_440, 9, 9, 0), (940, 2, 1, 0), (1_000, 3, 0, 2)],
         };
         let hourly = a.buckets(24, 60);
         assert_eq!(hourly.len(), 24);
-        assert_eq!(hourly[23], (3, 0), "the current hour");
-        assert_eq!(hourly[22], (2, 1), "the hour before");
-        assert_eq!(hourly.iter().map(|(d, f)| d + f).sum::<u64>(), 6);
+        assert_eq!(hourly[23], (3, 0, 2), "the current hour");
+        assert_eq!(hourly[22], (2, 1, 0), "the hour before");
+        assert_eq!(hourly.iter().map(|(d, f, _)| d + f).sum::<u64>(), 6);
         let svg = chart(&a, 24 * 60, 1, 720.0, 120.0, "activity", "e<1>").into_string();
         assert!(
-            svg.contains("data-delivered=\"5\" data-failed=\"1\""),
+            svg.contains("data-delivered=\"5\" data-failed=\"1\" data-throttled=\"2\""),
             "{svg}"
         );
-        assert_eq!(svg.matches("<rect").count(), 3, "{svg}");
+        assert_eq!(svg.matches("<rect").count(), 4, "{svg}");
+        assert_eq!(svg.matches("class=\"throttled\"").count(), 1, "{svg}");
         assert!(svg.contains("data-endpoint=\"e&lt;1&gt;\""), "{svg}");
         let empty = chart(&Activity::default(), 24, 60, 96.0, 20.0, "trend", "x").into_string();
         assert!(!empty.contains("<rect"), "{empty}");

@@ -78,8 +78,10 @@ pub enum Turn {
     /// On the retry schedule: the dispatcher's attempt 1, a tier's attempt n. A rate-limited
     /// endpoint's delivery is handed to `<p>.throttle` instead ([`Why::Throttled`]).
     Scheduled,
-    /// The rate limiter's owner of the endpoint granted it a slot: attempted now.
-    Paced,
+    /// The rate limiter's owner of the endpoint granted it a slot: attempted now. `waited_ms`:
+    /// how long it was held back by the endpoint's rate limit (0: not at all), for the
+    /// delivery log ("throttled").
+    Paced { waited_ms: u64 },
     /// A replay of the dead letter named `replay_key`: attempted now, whatever the schedule.
     Replay {
         replay_key: String,
@@ -270,6 +272,10 @@ impl DeliveryPath {
         origin: Origin<'_>,
     ) -> Result<Report, HopError> {
         let replay = matches!(turn, Turn::Replay { .. });
+        let waited_ms = match turn {
+            Turn::Paced { waited_ms } => waited_ms,
+            _ => 0,
+        };
         let fresh = d.meta.history.is_empty() && d.meta.attempt == 1 && d.meta.deferrals == 0;
         let usable = self.endpoints.current().usable_for(&d.meta).and_then(|e| {
             // The filter is part of the subscription: re-checked on every attempt after the
@@ -342,11 +348,11 @@ impl DeliveryPath {
             d.meta.first_attempt_ms = outcome.started_at_ms;
         }
         if outcome.result.is_delivered() {
-            self.observe(stage, &d.meta, &outcome, None);
+            self.observe(stage, &d.meta, &outcome, None, waited_ms);
             return Ok(report(d.meta, Some(outcome), Next::Delivered));
         }
         let hop = match turn {
-            Turn::Scheduled | Turn::Paced => {
+            Turn::Scheduled | Turn::Paced { .. } => {
                 hop::after_failure(&mut d.meta, &outcome, self.topics(), &self.schedule)
             }
             Turn::Replay {
@@ -363,7 +369,13 @@ impl DeliveryPath {
                 )
             }
         };
-        self.observe(stage, &d.meta, &outcome, Some(hop.label(self.topics())));
+        self.observe(
+            stage,
+            &d.meta,
+            &outcome,
+            Some(hop.label(self.topics())),
+            waited_ms,
+        );
         self.hand(d, Some(outcome), Why::Failed, hop, &origin).await
     }
 
@@ -374,6 +386,7 @@ impl DeliveryPath {
         meta: &DeliveryMeta,
         outcome: &AttemptOutcome,
         next: Option<&str>,
+        waited_ms: u64,
     ) {
         self.observer.attempted(&AttemptEvent {
             event_id: &meta.event_id,
@@ -383,6 +396,7 @@ impl DeliveryPath {
             stage: stage.stage(),
             outcome,
             next,
+            waited_ms,
         });
     }
 

@@ -21,6 +21,8 @@ pub struct AttemptEvent<'a> {
     pub outcome: &'a AttemptOutcome,
     /// Where the delivery goes next: `retry.<tier>` or `dlq`; `None` when delivered.
     pub next: Option<&'a str>,
+    /// How long the endpoint's rate limit held the delivery back before this attempt (0: not).
+    pub waited_ms: u64,
 }
 
 impl AttemptEvent<'_> {

@@ -133,7 +133,7 @@ pub(crate) async fn process(
     gate: Gate<'_>,
     pending: Pending,
     cutoff: watch::Receiver<bool>,
-    pacer: Option<&Pacer>,
+    pacer: Option<(&Pacer, u64)>,
 ) -> Result<Finished, HopError> {
     let claim = Claim {
         ownership: gate.ownership,
@@ -155,7 +155,7 @@ async fn handle(
     claim: &dyn WriteGate,
     pending: Pending,
     cutoff: watch::Receiver<bool>,
-    pacer: Option<&Pacer>,
+    pacer: Option<(&Pacer, u64)>,
 ) -> Result<(), HopError> {
     let (meta, value) = match (pending.meta, pending.value) {
         (Ok(meta), Some(value)) => (meta, value),
@@ -193,17 +193,17 @@ async fn handle(
     };
     // The rate limiter's owner attempts now (the slot is taken); a tier hands a rate-limited
     // endpoint's due retry to it.
-    let turn = if pacer.is_some() {
-        Turn::Paced
-    } else {
-        Turn::Scheduled
+    let turn = match pacer {
+        Some((_, waited_ms)) => Turn::Paced { waited_ms },
+        None => Turn::Scheduled,
     };
     let report = stage
         .path
         .attempt(&metrics.attempts, delivery, turn, origin)
         .await?;
     let meta = &report.meta;
-    if let (Some(pacer), Some(after)) = (pacer, report.outcome.as_ref().and_then(|o| o.retry_after))
+    if let (Some((pacer, _)), Some(after)) =
+        (pacer, report.outcome.as_ref().and_then(|o| o.retry_after))
     {
         let applied = pacer.pause(&meta.endpoint_id, after, tokio::time::Instant::now());
         tracing::info!(

@@ -24,7 +24,10 @@ pub(crate) type Limit = Option<(f64, u32)>;
 pub(crate) struct PacedWaiting<T> {
     /// Endpoint id → its waiting records (offset, item), oldest first. Records whose endpoint
     /// cannot be read wait under "" (started at once).
-    queues: BTreeMap<String, VecDeque<(i64, T)>>,
+    queues: BTreeMap<String, VecDeque<(i64, Instant, T)>>,
+    /// Endpoint → the newest offset waiting when it was last refused a slot: its records up to
+    /// there were held back by the limit (throttled).
+    refused_through: BTreeMap<String, i64>,
     held: usize,
     /// Every record from the moment it is received (records start out of offset order: the
     /// stored offset never passes one still waiting).
@@ -40,6 +43,7 @@ impl<T> Default for PacedWaiting<T> {
     fn default() -> Self {
         PacedWaiting {
             queues: BTreeMap::new(),
+            refused_through: BTreeMap::new(),
             held: 0,
             progress: PartitionProgress::default(),
             started: 0,
@@ -50,26 +54,27 @@ impl<T> Default for PacedWaiting<T> {
 }
 
 impl<T> PacedWaiting<T> {
-    /// A record arrived (in offset order) for `endpoint`.
-    pub(crate) fn push(&mut self, offset: i64, endpoint: &str, item: T) {
+    /// A record arrived (in offset order) for `endpoint` at `now`.
+    pub(crate) fn push(&mut self, offset: i64, endpoint: &str, item: T, now: Instant) {
         self.queues
             .entry(endpoint.to_string())
             .or_default()
-            .push_back((offset, item));
+            .push_back((offset, now, item));
         self.progress.begin(offset);
         self.held += 1;
     }
 
     /// Starts, endpoint by endpoint and in arrival order, every record whose endpoint has a slot
     /// now, while fewer than `cap` are in flight. `slot(endpoint, limit)` takes a slot or says
-    /// when the next comes; `limit(endpoint)` is the endpoint's current limit.
+    /// when the next comes; `limit(endpoint)` is the endpoint's current limit. Each started
+    /// record comes with how long the limit held it back (ms; 0 when it never waited for a slot).
     pub(crate) fn take_due(
         &mut self,
         now: Instant,
         cap: usize,
         limit: impl Fn(&str) -> Limit,
         slot: impl Fn(&str, f64, u32) -> Result<(), Instant>,
-    ) -> Vec<(i64, T)> {
+    ) -> Vec<(i64, T, u64)> {
         let mut out = Vec::new();
         let mut next_slot: Option<Instant> = None;
         for (endpoint, queue) in &mut self.queues {
@@ -82,17 +87,33 @@ impl<T> PacedWaiting<T> {
                 if let Some((rate, burst)) = paced {
                     if let Err(at) = slot(endpoint, rate, burst) {
                         next_slot = Some(next_slot.map_or(at, |n| n.min(at)));
+                        if let Some((newest, _, _)) = queue.back() {
+                            self.refused_through.insert(endpoint.clone(), *newest);
+                        }
                         break;
                     }
                 }
-                if let Some((offset, item)) = queue.pop_front() {
+                if let Some((offset, received, item)) = queue.pop_front() {
                     self.started += 1;
                     self.held -= 1;
-                    out.push((offset, item));
+                    let held_back = self
+                        .refused_through
+                        .get(endpoint)
+                        .is_some_and(|through| offset <= *through);
+                    let waited = if held_back {
+                        u64::try_from(now.saturating_duration_since(received).as_millis())
+                            .unwrap_or(u64::MAX)
+                            .max(1)
+                    } else {
+                        0
+                    };
+                    out.push((offset, item, waited));
                 }
             }
         }
         self.queues.retain(|_, q| !q.is_empty());
+        let queues = &self.queues;
+        self.refused_through.retain(|e, _| queues.contains_key(e));
         self.next_slot = next_slot.filter(|at| *at > now);
         out
     }
@@ -128,6 +149,7 @@ impl<T> PacedWaiting<T> {
     pub(crate) fn drop_waiting(&mut self) -> usize {
         let n = self.held;
         self.queues.clear();
+        self.refused_through.clear();
         self.held = 0;
         n
     }
@@ -160,6 +182,7 @@ mod tests {
     #[test]
     fn a_slow_endpoint_never_holds_back_another_and_order_is_kept() {
         let mut w = PacedWaiting::default();
+        let now = Instant::now();
         for (offset, ep) in [
             (0, "slow"),
             (1, "slow"),
@@ -167,10 +190,9 @@ mod tests {
             (3, "slow"),
             (4, "fast"),
         ] {
-            w.push(offset, ep, offset);
+            w.push(offset, ep, offset, now);
         }
-        w.push(5, "", 5);
-        let now = Instant::now();
+        w.push(5, "", 5, now);
         let granted: RefCell<HashMap<String, u32>> = RefCell::default();
         let limit = |e: &str| Some(if e == "slow" { (1.0, 1) } else { (100.0, 10) });
         // "slow" has one slot; "fast" all it wants; "" (unreadable) starts at once.
@@ -184,12 +206,16 @@ mod tests {
                 Err(now + Duration::from_secs(1))
             }
         };
-        let started: Vec<i64> = w
-            .take_due(now, 100, limit, slot)
+        let started: Vec<(i64, u64)> = w
+            .take_due(now, 100, limit, &slot)
             .into_iter()
-            .map(|(o, _)| o)
+            .map(|(o, _, waited)| (o, waited))
             .collect();
-        assert_eq!(started, [5, 2, 4, 0], "by endpoint, each in arrival order");
+        assert_eq!(
+            started,
+            [(5, 0), (2, 0), (4, 0), (0, 0)],
+            "by endpoint, each in arrival order; none held back yet"
+        );
         assert_eq!(w.waiting(), 2);
         assert_eq!(w.next_wake(), Some(now + Duration::from_secs(1)));
         // Offsets are stored as a contiguous prefix only, never past a waiting record.
@@ -197,19 +223,28 @@ mod tests {
         assert_eq!(w.complete(0), Some(1), "1 still waits");
         assert_eq!(w.complete(4), None);
         assert_eq!(w.complete(5), None);
+        // The slow endpoint's next records were refused a slot: throttled when they start.
+        granted.borrow_mut().clear();
+        let later = now + Duration::from_millis(1500);
+        let next: Vec<(i64, u64)> = w
+            .take_due(later, 100, limit, &slot)
+            .into_iter()
+            .map(|(o, _, waited)| (o, waited))
+            .collect();
+        assert_eq!(next, [(1, 1500)]);
     }
 
     #[test]
     fn unlimited_now_starts_at_once_and_memory_is_bounded() {
         let mut w = PacedWaiting::default();
         for offset in 0..10 {
-            w.push(offset, "e", ());
+            w.push(offset, "e", (), Instant::now());
         }
         assert_eq!(w.pause_change(10), Some(true));
         assert_eq!(w.pause_change(10), None);
         let all = w.take_due(Instant::now(), 100, |_| None, |_, _, _| Err(Instant::now()));
         assert_eq!(all.len(), 10, "no longer limited: every one starts");
-        for (o, ()) in all {
+        for (o, (), _) in all {
             w.complete(o);
         }
         assert_eq!(w.pause_change(10), Some(false));

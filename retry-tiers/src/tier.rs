@@ -384,7 +384,7 @@ impl Worker {
                                 c.waiting += 1;
                             });
                             let endpoint = pending.endpoint_id().unwrap_or_default().to_string();
-                            w.push(offset, &endpoint, pending);
+                            w.push(offset, &endpoint, pending, Instant::now());
                         }
                         None => tracing::debug!(
                             tier = %self.tier.name,
@@ -413,8 +413,12 @@ impl Worker {
             Some((e.rate_limit?, e.burst.unwrap_or(DEFAULT_BURST)))
         };
         for (&partition, part) in &mut self.parts {
-            let started = match (&mut part.waiting, &self.tier.pacer) {
-                (Waiting::Due(w), _) => w.take_due(now, self.cap),
+            let started: Vec<(i64, Pending, u64)> = match (&mut part.waiting, &self.tier.pacer) {
+                (Waiting::Due(w), _) => w
+                    .take_due(now, self.cap)
+                    .into_iter()
+                    .map(|(offset, pending)| (offset, pending, 0))
+                    .collect(),
                 (Waiting::Paced(w), Some(pacer)) => {
                     w.take_due(instant, self.cap, limit, |e, rate, burst| {
                         pacer.try_take(e, rate, burst, instant)
@@ -424,7 +428,7 @@ impl Worker {
                     w.take_due(instant, self.cap, |_| None, |_, _, _| Ok(()))
                 }
             };
-            for (offset, pending) in started {
+            for (offset, pending, waited_ms) in started {
                 let stage = self.stage.clone();
                 let tier = self.tier.clone();
                 let metrics = self.metrics.clone();
@@ -458,7 +462,7 @@ impl Worker {
                         gate,
                         pending,
                         cutoff,
-                        tier.pacer.as_deref(),
+                        tier.pacer.as_deref().map(|p| (p, waited_ms)),
                     )
                     .await;
                     if let Ok(Finished::Done) = result {

@@ -360,6 +360,7 @@ fn attempt(event: &str, endpoint: &str, n: u32, stage: &str, ok: bool, at_ms: i6
         at_ms,
         next: None,
         instance: String::new(),
+        waited_ms: 0,
     }
 }
 

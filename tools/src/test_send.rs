@@ -110,6 +110,7 @@ impl Replays {
             stage: "test",
             outcome: &outcome,
             next: None,
+            waited_ms: 0,
         });
         let (delivered, status, failure_class, detail) = match &outcome.result {
             AttemptResult::Delivered { status } => (true, Some(*status), None, None),
