@@ -12,8 +12,8 @@ use hookline_common::contract::delivery::now_ms;
 use hookline_common::contract::replays::ReplayRecord;
 use hookline_control::attempts::{Attempt, Outcome};
 use hookline_control::health::{HealthReport, Seen};
-use hookline_control::Endpoint;
-use hookline_dashboard::data::{Activity, Settings};
+use hookline_control::{Endpoint, EndpointUpdate, HeaderEdit, WriteError};
+use hookline_dashboard::data::{Activity, Settings, SettingsChange};
 use hookline_dashboard::{
     AttemptRow, Backend, Counters, DeadDetail, DeadFilter, DeadPage, DeadRow, EndpointRow, Health,
     Problem, ReplayOutcome, Scope, TestSendOutcome,
@@ -354,6 +354,49 @@ impl Backend for DashboardData {
             duration_ms: t.duration_ms,
             detail: t.detail,
         })
+    }
+
+    async fn update_settings(
+        &self,
+        scope: &Scope,
+        id: &str,
+        change: SettingsChange,
+    ) -> Result<(), Problem> {
+        if !self.visible(scope).iter().any(|e| e.id == id) {
+            return Err(Problem::NotFound);
+        }
+        let update = EndpointUpdate {
+            rate_limit: Some(change.rate_limit),
+            burst: Some(change.burst),
+            filter: Some(change.filter),
+            headers: Some(
+                change
+                    .headers
+                    .into_iter()
+                    .map(|(name, value, secret)| HeaderEdit {
+                        name,
+                        value,
+                        secret,
+                    })
+                    .collect(),
+            ),
+            timeout: Some(change.timeout),
+            max_concurrency: Some(change.max_concurrency),
+            ..EndpointUpdate::default()
+        };
+        let e = self
+            .control
+            .registry
+            .update(id, update, Some(change.version))
+            .await
+            .map_err(|e| match e {
+                WriteError::NotFound { .. } => Problem::NotFound,
+                WriteError::Invalid(f) => Problem::BadInput(format!("{}: {}", f.field, f.reason)),
+                WriteError::Kafka(k) => Problem::Unavailable(format!("{k:#}")),
+                other => Problem::BadInput(other.to_string()),
+            })?;
+        tracing::info!(scope = ?scope, endpoint = %id, version = e.version, "endpoint settings changed from the dashboard");
+        Ok(())
     }
 
     async fn replay(

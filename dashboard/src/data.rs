@@ -42,6 +42,21 @@ pub struct EndpointRow {
     pub settings: Settings,
 }
 
+/// A change of an endpoint's settings from its page's form, parsed (every field is replaced:
+/// the form shows them all). Header values `None` keep the current value of that name.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct SettingsChange {
+    /// The version the form was read at: a change made since is refused.
+    pub version: u64,
+    pub rate_limit: Option<f64>,
+    pub burst: Option<u32>,
+    pub filter: Option<String>,
+    /// (name, value, secret).
+    pub headers: Vec<(String, Option<String>, bool)>,
+    pub timeout: Option<std::time::Duration>,
+    pub max_concurrency: Option<usize>,
+}
+
 /// An endpoint's delivery settings. Secret header values are never here.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Settings {
@@ -293,4 +308,12 @@ pub trait Backend: Send + Sync + 'static {
         scope: &Scope,
         id: &str,
     ) -> impl Future<Output = Result<TestSendOutcome, Problem>> + Send;
+    /// Changes an endpoint's delivery settings (the same rules as the API; a bad field is a
+    /// `BadInput` naming it).
+    fn update_settings(
+        &self,
+        scope: &Scope,
+        id: &str,
+        change: SettingsChange,
+    ) -> impl Future<Output = Result<(), Problem>> + Send;
 }

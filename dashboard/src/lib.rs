@@ -29,7 +29,7 @@ use sha2::{Digest, Sha256};
 
 pub use data::{
     AttemptRow, Backend, Counters, DeadDetail, DeadFilter, DeadPage, DeadRow, EndpointRow, Health,
-    Problem, ReplayOutcome, Scope, TestSendOutcome,
+    Problem, ReplayOutcome, Scope, Settings, SettingsChange, TestSendOutcome,
 };
 
 /// The session cookie: the token itself, readable by no script (`HttpOnly`) and sent by no other
@@ -44,6 +44,7 @@ pub fn router<B: Backend>(backend: Arc<B>) -> Router {
         .route("/ui/logout", post(logout::<B>))
         .route("/ui/endpoints/{id}", get(endpoint_page::<B>))
         .route("/ui/endpoints/{id}/test", post(test_send::<B>))
+        .route("/ui/endpoints/{id}/settings", post(update_settings::<B>))
         .route("/ui/dead", get(dead_page::<B>))
         .route("/ui/dead/replay", post(replay_matching::<B>))
         .route("/ui/dead/{position}", get(dead_one_page::<B>))
@@ -279,6 +280,102 @@ async fn test_send<B: Backend>(
     Ok(page(&*b, &s, "Test send", views::test_sent(&o)).await)
 }
 
+#[derive(Deserialize)]
+struct SettingsForm {
+    #[serde(default)]
+    csrf: String,
+    #[serde(default)]
+    version: String,
+    #[serde(default)]
+    rate_limit: String,
+    #[serde(default)]
+    burst: String,
+    #[serde(default)]
+    filter: String,
+    #[serde(default)]
+    headers: String,
+    #[serde(default)]
+    timeout: String,
+    #[serde(default)]
+    max_concurrency: String,
+}
+
+impl SettingsForm {
+    /// The change the form asks for; a field that does not parse is named.
+    fn parse(&self) -> Result<SettingsChange, String> {
+        fn opt<T: std::str::FromStr>(
+            field: &str,
+            text: &str,
+            what: &str,
+        ) -> Result<Option<T>, String> {
+            let text = text.trim();
+            if text.is_empty() {
+                return Ok(None);
+            }
+            text.parse()
+                .map(Some)
+                .map_err(|_| format!("{field}: `{text}` is not {what}"))
+        }
+        let headers = self
+            .headers
+            .lines()
+            .map(str::trim)
+            .filter(|l| !l.is_empty())
+            .map(|line| {
+                let (secret, rest) = match line.strip_prefix("secret ") {
+                    Some(rest) => (true, rest.trim()),
+                    None => (false, line),
+                };
+                match rest.split_once(':') {
+                    Some((name, value)) => (
+                        name.trim().to_string(),
+                        Some(value.trim_start().to_string()),
+                        secret,
+                    ),
+                    None => (rest.to_string(), None, secret),
+                }
+            })
+            .collect();
+        let timeout = match self.timeout.trim() {
+            "" => None,
+            t => Some(
+                humantime::parse_duration(t)
+                    .map_err(|e| format!("timeout: `{t}` is not a duration: {e}"))?,
+            ),
+        };
+        Ok(SettingsChange {
+            version: opt("version", &self.version, "a version")?.unwrap_or(0),
+            rate_limit: opt(
+                "rate_limit",
+                &self.rate_limit,
+                "a number of deliveries per second",
+            )?,
+            burst: opt("burst", &self.burst, "a whole number")?,
+            filter: Some(self.filter.trim().to_string()).filter(|f| !f.is_empty()),
+            headers,
+            timeout,
+            max_concurrency: opt("max_concurrency", &self.max_concurrency, "a whole number")?,
+        })
+    }
+}
+
+async fn update_settings<B: Backend>(
+    State(b): State<Arc<B>>,
+    s: Session,
+    Path(id): Path<String>,
+    Form(form): Form<SettingsForm>,
+) -> Result<Response, Response> {
+    s.check(&form.csrf).map_err(IntoResponse::into_response)?;
+    let change = form
+        .parse()
+        .map_err(|m| page_error(StatusCode::BAD_REQUEST, &m))?;
+    b.update_settings(&s.scope, &id, change)
+        .await
+        .map_err(problem)?;
+    let back = format!("/ui/endpoints/{}", views::urlencode(&id));
+    Ok((StatusCode::SEE_OTHER, [(LOCATION, back)]).into_response())
+}
+
 async fn dead_page<B: Backend>(
     State(b): State<Arc<B>>,
     s: Session,
@@ -357,6 +454,56 @@ async fn counters<B: Backend>(State(b): State<Arc<B>>, headers: HeaderMap) -> Re
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_settings_form_parses_naming_a_bad_field() {
+        let form = |rate: &str, headers: &str, timeout: &str| SettingsForm {
+            csrf: String::new(),
+            version: "4".into(),
+            rate_limit: rate.into(),
+            burst: String::new(),
+            filter: "  ".into(),
+            headers: headers.into(),
+            timeout: timeout.into(),
+            max_concurrency: String::new(),
+        };
+        let c = form(
+            " 25 ",
+            "X-Team: core\r\nsecret Authorization: Bearer x\nsecret Keep\n\n",
+            "5s",
+        )
+        .parse()
+        .expect("valid");
+        assert_eq!((c.version, c.rate_limit, c.filter), (4, Some(25.0), None));
+        assert_eq!(c.timeout, Some(std::time::Duration::from_secs(5)));
+        assert_eq!(
+            c.headers,
+            [
+                ("X-Team".to_string(), Some("core".to_string()), false),
+                (
+                    "Authorization".to_string(),
+                    Some("Bearer x".to_string()),
+                    true
+                ),
+                ("Keep".to_string(), None, true),
+            ]
+        );
+        assert!(form("fast", "", "")
+            .parse()
+            .unwrap_err()
+            .starts_with("rate_limit:"));
+        assert!(form("", "", "soon")
+            .parse()
+            .unwrap_err()
+            .starts_with("timeout:"));
+        assert_eq!(
+            views::header_lines(&[
+                ("x-team".into(), Some("core".into()), false),
+                ("authorization".into(), None, true)
+            ]),
+            "x-team: core\nsecret authorization"
+        );
+    }
 
     #[test]
     fn csrf_is_stable_per_token_and_differs_between_tokens() {

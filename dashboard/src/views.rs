@@ -216,6 +216,58 @@ pub fn endpoint(row: &EndpointRow, attempts: &[AttemptRow], csrf: &str) -> Marku
         div.muted style="width:720px;display:flex;justify-content:space-between" { span { "24 h ago" } span { "now" } }
         h2 { "Recent attempts" }
         (attempt_table(attempts, "attempts"))
+        h2 { "Delivery settings" }
+        (settings_form(row, csrf))
+    }
+}
+
+/// The header lines of the settings form: `Name: value`, and `secret Name` for a secret one
+/// (its value never shown; left as it is, it is kept).
+pub fn header_lines(headers: &[(String, Option<String>, bool)]) -> String {
+    headers
+        .iter()
+        .map(|(name, value, secret)| match (secret, value) {
+            (true, _) | (false, None) => format!("secret {name}"),
+            (false, Some(v)) => format!("{name}: {v}"),
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// The endpoint's delivery settings, editable by whoever sees the endpoint (a file-managed one
+/// is shown read-only: the config file owns it).
+fn settings_form(row: &EndpointRow, csrf: &str) -> Markup {
+    let st = &row.settings;
+    let text = |v: Option<String>| v.unwrap_or_default();
+    let disabled = st.file_managed;
+    html! {
+        @if disabled {
+            p.muted { "Managed by the config file ([[endpoints]]): change it there and restart." }
+        }
+        form #settings method="post" action=(format!("/ui/endpoints/{}/settings", urlencode(&row.id))) {
+            input type="hidden" name="csrf" value=(csrf);
+            input type="hidden" name="version" value=(st.version);
+            table {
+                tr { th { "rate limit" } td {
+                    input name="rate_limit" size="8" value=(text(st.rate_limit.map(|r| r.to_string()))) disabled[disabled];
+                    " deliveries/s for the whole cluster, burst "
+                    input name="burst" size="5" value=(text(st.burst.map(|b| b.to_string()))) disabled[disabled];
+                    span.muted { " (empty: no limit; burst 1)" } } }
+                tr { th { "payload filter" } td {
+                    textarea name="filter" rows="2" cols="70" disabled[disabled] { (text(st.filter.clone())) }
+                    br; span.muted { "CEL over id, type, tenant, data, e.g. data.amount > 100 && data.region.startsWith('eu-') (empty: every event)" } } }
+                tr { th { "custom headers" } td {
+                    textarea name="headers" rows="3" cols="70" disabled[disabled] { (header_lines(&st.headers)) }
+                    br; span.muted { "one per line, Name: value; prefix secret to seal a value (secret Authorization: Bearer …); a secret line without a value keeps it. Not covered by the signature." } } }
+                tr { th { "timeout" } td {
+                    input name="timeout" size="8" value=(text(st.timeout.clone())) disabled[disabled];
+                    span.muted { " e.g. 5s (empty: http.timeout)" } } }
+                tr { th { "max concurrency" } td {
+                    input name="max_concurrency" size="5" value=(text(st.max_concurrency.map(|m| m.to_string()))) disabled[disabled];
+                    span.muted { " requests in flight per process (empty: the default)" } } }
+            }
+            @if !disabled { button #save-settings type="submit" { "Save settings" } }
+        }
     }
 }
 

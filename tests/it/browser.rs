@@ -280,6 +280,99 @@ async fn a_tenant_signs_in_sees_the_dead_warning_and_replays_from_the_browser() 
         (Some("2"), Some("1"))
     );
 
+    // A file-managed endpoint's settings are shown, not editable.
+    c.goto(&admin.url("/ui/endpoints/acme-orders"))
+        .await
+        .expect("open");
+    assert!(c.find(Locator::Id("save-settings")).await.is_err());
+
+    // An endpoint made through the API: its tenant changes its settings from its page.
+    let made = reqwest::Client::new()
+        .post(admin.url("/v1/endpoints"))
+        .bearer_auth(ACME_TOKEN)
+        .json(&json!({"id": "acme-api", "url": rx.url("acme-api")}))
+        .send()
+        .await
+        .expect("created");
+    assert_eq!(made.status(), reqwest::StatusCode::CREATED);
+    let settings_page = admin.url("/ui/endpoints/acme-api");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while c.goto(&settings_page).await.is_err() || c.find(Locator::Id("settings")).await.is_err() {
+        assert!(Instant::now() < deadline, "the new endpoint's page");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let fill = |name: &'static str, value: &'static str| {
+        let c = c.clone();
+        async move {
+            let field = c
+                .find(Locator::Css(&format!("#settings [name='{name}']")))
+                .await
+                .unwrap_or_else(|e| panic!("field {name}: {e}"));
+            field.clear().await.expect("clear");
+            field.send_keys(value).await.expect("type");
+        }
+    };
+    fill("rate_limit", "25").await;
+    fill("burst", "3").await;
+    fill("filter", "data.order > 5").await;
+    fill("headers", "X-Team: core\nsecret Authorization: Bearer t0k").await;
+    c.find(Locator::Id("save-settings"))
+        .await
+        .expect("save button")
+        .click()
+        .await
+        .expect("click Save settings");
+    screenshot(&c, "6-settings-saved").await;
+    let shown = c
+        .find(Locator::Css("#settings [name='rate_limit']"))
+        .await
+        .expect("back on the page")
+        .prop("value")
+        .await
+        .expect("value");
+    assert_eq!(shown.as_deref(), Some("25"));
+    let headers = text_of(&c, "#settings [name='headers']").await;
+    assert!(
+        headers.contains("X-Team: core") || headers.contains("x-team: core"),
+        "{headers}"
+    );
+    assert!(
+        !headers.contains("t0k"),
+        "a secret value is never shown: {headers}"
+    );
+    let api: serde_json::Value = reqwest::Client::new()
+        .get(admin.url("/v1/endpoints/acme-api"))
+        .bearer_auth(ACME_TOKEN)
+        .send()
+        .await
+        .expect("read")
+        .json()
+        .await
+        .expect("json");
+    assert_eq!(
+        (&api["rate_limit"], &api["burst"], &api["filter"]),
+        (&json!(25.0), &json!(3), &json!("data.order > 5")),
+        "{api}"
+    );
+    assert_eq!(
+        api["headers"],
+        json!([{"name": "x-team", "value": "core", "secret": false},
+               {"name": "authorization", "value": null, "secret": true}])
+    );
+    // Saving again with the secret line as shown keeps its value; a bad filter names the field.
+    fill("filter", "data.order >").await;
+    c.find(Locator::Id("save-settings"))
+        .await
+        .expect("save button")
+        .click()
+        .await
+        .expect("click Save settings");
+    let error = text_of(&c, "body").await;
+    assert!(
+        error.contains("filter") && error.contains("at 1:"),
+        "{error}"
+    );
+
     c.close().await.expect("close the browser");
     admin.stop().await;
     for s in stages {
