@@ -334,20 +334,8 @@ async fn a_filter_delivers_exactly_the_matching_subset_also_after_a_retry() {
         "{body}"
     );
 
-    let producer = producer();
-    let topic = format!("{prefix}.events");
     let events: Vec<(String, String)> = (0..1000).map(|i| mixed_event(&prefix, i)).collect();
-    futures::future::join_all(events.iter().map(|(id, body)| {
-        produce(
-            &producer,
-            &topic,
-            None,
-            Some(id.as_bytes()),
-            Some(body.as_bytes()),
-            &[],
-        )
-    }))
-    .await;
+    produce_events(&prefix, &events).await;
     let expected: std::collections::BTreeSet<String> = (0..1000)
         .filter(|i| filter_matches(*i))
         .map(|i| events[i].0.clone())
@@ -474,19 +462,13 @@ fn max_per_second(arrivals: &[std::time::Instant]) -> usize {
     best
 }
 
-/// Produces `n` events of `event_type` (ids `<prefix>-<tag>-<i>`), all at once.
-async fn burst(prefix: &str, tag: &str, event_type: &str, n: usize) -> std::time::Instant {
+/// Produces `(id, body)` events to `<prefix>.events`, all at once (keyed by id); returns when
+/// the first was sent.
+async fn produce_events(prefix: &str, events: &[(String, String)]) -> std::time::Instant {
     let producer = producer();
     let topic = format!("{prefix}.events");
-    let bodies: Vec<(String, String)> = (0..n)
-        .map(|i| {
-            let id = format!("{prefix}-{tag}-{i}");
-            let body = format!(r#"{{"id":"{id}","type":"{event_type}","data":{{"i":{i}}}}}"#);
-            (id, body)
-        })
-        .collect();
     let start = std::time::Instant::now();
-    futures::future::join_all(bodies.iter().map(|(id, body)| {
+    futures::future::join_all(events.iter().map(|(id, body)| {
         produce(
             &producer,
             &topic,
@@ -498,6 +480,18 @@ async fn burst(prefix: &str, tag: &str, event_type: &str, n: usize) -> std::time
     }))
     .await;
     start
+}
+
+/// Produces `n` events of `event_type` (ids `<prefix>-<tag>-<i>`), all at once.
+async fn burst(prefix: &str, tag: &str, event_type: &str, n: usize) -> std::time::Instant {
+    let events: Vec<(String, String)> = (0..n)
+        .map(|i| {
+            let id = format!("{prefix}-{tag}-{i}");
+            let body = format!(r#"{{"id":"{id}","type":"{event_type}","data":{{"i":{i}}}}}"#);
+            (id, body)
+        })
+        .collect();
+    produce_events(prefix, &events).await
 }
 
 /// Waits until `path` has `n` requests whose `webhook-id` starts with `<prefix>-<tag>-`; returns
