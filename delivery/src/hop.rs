@@ -172,6 +172,7 @@ mod tests {
                 status: Some(503),
                 snippet: "busy".into(),
             },
+            retry_after: None,
         }
     }
 

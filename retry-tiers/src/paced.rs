@@ -207,7 +207,7 @@ mod tests {
             }
         };
         let started: Vec<(i64, u64)> = w
-            .take_due(now, 100, limit, &slot)
+            .take_due(now, 100, limit, slot)
             .into_iter()
             .map(|(o, _, waited)| (o, waited))
             .collect();
@@ -227,7 +227,7 @@ mod tests {
         granted.borrow_mut().clear();
         let later = now + Duration::from_millis(1500);
         let next: Vec<(i64, u64)> = w
-            .take_due(later, 100, limit, &slot)
+            .take_due(later, 100, limit, slot)
             .into_iter()
             .map(|(o, _, waited)| (o, waited))
             .collect();

@@ -300,7 +300,7 @@ mod tests {
         let nested =
             EventFilter::compile("data.a.exists(x, data.a.exists(y, y == x))").expect_err("nested");
         assert!(nested.contains("square"), "{nested}");
-        let five = vec!["data.a.exists(x, x > 0)"; 5].join(" || ");
+        let five = ["data.a.exists(x, x > 0)"; 5].join(" || ");
         assert!(EventFilter::compile(&five)
             .expect_err("five")
             .contains("at most 4"));
