@@ -507,12 +507,7 @@ async fn arrivals(
     let want = format!("{prefix}-{tag}-");
     let until = std::time::Instant::now() + deadline;
     loop {
-        let got: Vec<std::time::Instant> = rx
-            .requests(path)
-            .iter()
-            .filter(|r| header(r, "webhook-id").starts_with(&want))
-            .map(|r| r.at)
-            .collect();
+        let got = rx.arrivals(path, &want);
         if got.len() >= n || std::time::Instant::now() >= until {
             return got;
         }
@@ -549,8 +544,14 @@ async fn a_rate_limit_holds_across_three_dispatchers_without_slowing_a_neighbour
     stages.push(crate::retry::start_tiers(&config, None).await);
     stages.push(crate::retry::start_tiers(&config, None).await);
 
+    // The delivery log's health tracker, running through every measurement alike.
+    let health =
+        hookline_control::tracker::Health::start(&config, None, &prometheus::Registry::new())
+            .await
+            .expect("health tracker");
+
     // The neighbour's throughput: `n` events only it receives, produced at once, until the last
-    // arrives. Best of several runs (a test running beside this one only ever slows a run down).
+    // arrives. Three runs of each, compared by their medians (one run's noise does not decide).
     let n = 8000;
     let neighbour = |tag: String| {
         let (rx, prefix) = (&rx, &prefix);
@@ -599,10 +600,6 @@ async fn a_rate_limit_holds_across_three_dispatchers_without_slowing_a_neighbour
     );
 
     // Health, from the delivery log: the limited endpoint shows "throttled" while it drains.
-    let health =
-        hookline_control::tracker::Health::start(&config, None, &prometheus::Registry::new())
-            .await
-            .expect("health tracker");
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
     let status = loop {
         health
@@ -640,12 +637,16 @@ async fn a_rate_limit_holds_across_three_dispatchers_without_slowing_a_neighbour
         requests.iter().map(|r| header(r, "webhook-id")).collect();
     assert_eq!(ids.len(), 2000, "no duplicate");
     let peak = max_per_second(&limited);
-    let best = |v: &[f64]| v.iter().copied().fold(0.0, f64::max);
+    let median = |v: &[f64]| {
+        let mut v = v.to_vec();
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
     println!(
         "rate limit 50/s: 2,000 deliveries in {:.1} s, at most {peak} in any 1 s window; \
-         neighbour alone {alone:.0?}/s, beside the drain {beside:.0?}/s: best of each {:.2}",
+         neighbour alone {alone:.0?}/s, beside the drain {beside:.0?}/s: medians {:.2}",
         drained.as_secs_f64(),
-        best(&beside) / best(&alone)
+        median(&beside) / median(&alone)
     );
     assert!(peak <= 55, "at most 55 in any 1 s window, saw {peak}");
     // The chart's counts: nearly every one of the 2,000 waited for the limit.
@@ -660,7 +661,7 @@ async fn a_rate_limit_holds_across_three_dispatchers_without_slowing_a_neighbour
         .sum();
     println!("throttled attempts in the delivery log: {throttled} of 2000");
     assert!(throttled >= 1900, "{throttled} throttled attempts counted");
-    // Throughput is a measurement, not a test outcome: the ratio is printed (0.91–0.94 measured,
+    // Throughput is a measurement, not a test outcome: the ratio is printed (0.86–0.93 measured,
     // docs/delivery.md); the suite asserts only that the neighbour was not held back (a blocked
     // neighbour gets ~0 beside a 40 s drain), or the issue's 0.9 when asked to.
     let floor = if std::env::var_os("HOOKLINE_TEST_STRICT_RATIOS").is_some() {
@@ -669,7 +670,7 @@ async fn a_rate_limit_holds_across_three_dispatchers_without_slowing_a_neighbour
         0.7
     };
     assert!(
-        best(&beside) >= floor * best(&alone),
+        median(&beside) >= floor * median(&alone),
         "the neighbour keeps at least {floor} of its throughput: {beside:.0?}/s vs {alone:.0?}/s alone"
     );
 

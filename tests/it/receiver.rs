@@ -91,6 +91,24 @@ impl Receiver {
             .collect()
     }
 
+    /// Arrival times of the requests to `path` whose `webhook-id` starts with `id_prefix`,
+    /// read under the lock without copying them (a test polling this while tens of thousands of
+    /// requests arrive must not slow the run it measures).
+    pub fn arrivals(&self, path: &str, id_prefix: &str) -> Vec<Instant> {
+        let path = norm(path);
+        self.lock()
+            .requests
+            .iter()
+            .filter(|r| {
+                r.path == path
+                    && r.headers
+                        .get("webhook-id")
+                        .is_some_and(|id| id.starts_with(id_prefix))
+            })
+            .map(|r| r.at)
+            .collect()
+    }
+
     pub fn all_requests(&self) -> Vec<Recorded> {
         self.lock().requests.clone()
     }
