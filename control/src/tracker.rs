@@ -166,15 +166,9 @@ impl Health {
     /// (delivered, failed) attempts of an endpoint that started in the last `minutes` minutes
     /// (whole minutes, the current one included; at most [`COUNT_MINUTES`]).
     pub fn counts(&self, endpoint_id: &str, minutes: i64) -> (u64, u64) {
-        let from = first_minute(minutes);
-        lock(&self.state)
-            .minutes
-            .get(endpoint_id)
-            .map(|m| {
-                m.range(from..)
-                    .fold((0, 0), |(d, f), (_, (d2, f2, _))| (d + d2, f + f2))
-            })
-            .unwrap_or((0, 0))
+        self.per_minute(endpoint_id, minutes)
+            .iter()
+            .fold((0, 0), |(d, f), (_, d2, f2, _)| (d + d2, f + f2))
     }
 
     /// (minute, delivered, failed, throttled) of an endpoint for every minute with attempts

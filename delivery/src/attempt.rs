@@ -283,13 +283,7 @@ impl DeliveryPath {
             if fresh && matches!(turn, Turn::Scheduled) {
                 return Ok(e);
             }
-            let view = EventView::new(
-                &d.meta.event_id,
-                &d.meta.event_type,
-                d.meta.tenant.as_deref(),
-                &d.body,
-            );
-            if self.admits(stage, &e, &view) {
+            if self.admits(stage, &e, &EventView::of_delivery(&d.meta, &d.body)) {
                 Ok(e)
             } else {
                 Err(DeadReason::EndpointUnsubscribed)

@@ -12,6 +12,8 @@ use std::collections::HashMap;
 use std::sync::{Arc, LazyLock, Mutex};
 
 use hookline_common::config::filter::EventFilter;
+use hookline_common::config::EndpointConfig;
+use hookline_common::contract::delivery::DeliveryMeta;
 
 /// The standard CEL environment, built once.
 static ENV: LazyLock<Arc<cel::Env>> = LazyLock::new(|| Arc::new(cel::Env::stdlib()));
@@ -61,6 +63,24 @@ impl<'a> EventView<'a> {
             body,
             data: OnceCell::new(),
         }
+    }
+
+    /// The event of a delivery record (a retry, a dead letter): its metadata and the body.
+    pub fn of_delivery(meta: &'a DeliveryMeta, body: &'a [u8]) -> Self {
+        EventView::new(
+            &meta.event_id,
+            &meta.event_type,
+            meta.tenant.as_deref(),
+            body,
+        )
+    }
+
+    /// Whether `endpoint`'s filter (if any) admits this event; nothing counted.
+    pub fn admitted_by(&self, endpoint: &EndpointConfig) -> bool {
+        endpoint
+            .filter
+            .as_ref()
+            .is_none_or(|f| self.evaluate(f).admits())
     }
 
     fn data(&self) -> &Result<cel::Value, String> {

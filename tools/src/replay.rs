@@ -311,16 +311,12 @@ async fn run_with(
                 continue;
             }
         };
+        // The filter is part of the subscription (the attempt checks it again, and counts).
         let usable = endpoints.current().usable_for(meta).and_then(|e| {
-            let view = EventView::new(
-                &meta.event_id,
-                &meta.event_type,
-                meta.tenant.as_deref(),
-                &record.value,
-            );
-            match &e.filter {
-                Some(f) if !view.evaluate(f).admits() => Err(DeadReason::EndpointUnsubscribed),
-                _ => Ok(e),
+            if EventView::of_delivery(meta, &record.value).admitted_by(&e) {
+                Ok(e)
+            } else {
+                Err(DeadReason::EndpointUnsubscribed)
             }
         });
         if let Err(reason) = usable {
