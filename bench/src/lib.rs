@@ -9,9 +9,11 @@
 //! 3. pipeline runs ([`phases`]): the backlog drain (as fast as possible), then a bisection for
 //!    the max *sustainable* open-model rate ([`search`]), then open-model runs at 50% and 90% of
 //!    that rate for latency, split by hop ([`hops`]);
-//! 4. isolation: 100 endpoints, once all healthy and once with one hanging until its timeout;
-//! 5. every run balances its [`ledger`] or prints INVALID;
-//! 6. the [`report`]: a table, a JSON file under `target/bench/`, the ratios.
+//! 4. a neighbour beside a rate-limited endpoint's drain, in alternating pairs ([`neighbour`]);
+//! 5. isolation: 100 endpoints, once all healthy and once with one hanging until its timeout;
+//!    then many deliveries held in flight at once;
+//! 6. every run balances its [`ledger`] or prints INVALID;
+//! 7. the [`report`]: a table, a JSON file under `target/bench/`, the ratios.
 //!
 //! Modules: [`options`] (CLI), [`sink`] (the HTTP sink), [`load`] (the event mix and the
 //! open-model producer), [`lag`] (consumer lag sampling).
@@ -22,6 +24,7 @@ pub mod hops;
 pub mod lag;
 pub mod ledger;
 pub mod load;
+pub mod neighbour;
 pub mod options;
 pub mod phases;
 pub mod report;
@@ -204,7 +207,26 @@ pub async fn run(opts: Options) -> anyhow::Result<Report> {
         runs.push(phases::run(&mut ctx, &main_spec(name, tag, plan, Some(rate), true)).await?);
     }
 
-    // 4. Isolation: one event per endpoint round-robin over 100 endpoints, `iso-0` hanging or not.
+    // 4. A neighbour beside a rate-limited endpoint's drain, in alternating pairs.
+    let neighbour = if opts.neighbour_pairs > 0 {
+        let spec = |name: &str, tag: &str, plan: Vec<load::Planned>| {
+            main_spec(name, tag, plan, None, false)
+        };
+        let (nb_runs, summary) = neighbour::run(
+            &mut ctx,
+            opts.neighbour_pairs,
+            opts.neighbour_events,
+            &mix,
+            &spec,
+        )
+        .await?;
+        runs.extend(nb_runs);
+        Some(summary)
+    } else {
+        None
+    };
+
+    // 5. Isolation: one event per endpoint round-robin over 100 endpoints, `iso-0` hanging or not.
     let iso_mix = load::Mix {
         failing_fraction: 0.0,
         ..mix.clone()
@@ -249,7 +271,7 @@ pub async fn run(opts: Options) -> anyhow::Result<Report> {
     }
     sink.set_hanging(false);
 
-    // 5. In flight: events fanned out to 100 endpoints whose requests the sink holds, so the
+    // 6. In flight: events fanned out to 100 endpoints whose requests the sink holds, so the
     // dispatcher has `--inflight` deliveries open at once; its RSS sampled meanwhile.
     let inflight = if opts.inflight > 0 {
         sink.set_slow_delay(opts.inflight_hold);
@@ -314,7 +336,8 @@ pub async fn run(opts: Options) -> anyhow::Result<Report> {
             _ => None,
         },
     };
-    let valid = runs.iter().all(|r| r.ledger.balanced);
+    let valid =
+        runs.iter().all(|r| r.ledger.balanced) && neighbour.as_ref().is_none_or(|n| n.valid);
     let redelivered = sink.book().redelivered;
     let mut report = Report {
         date,
@@ -329,6 +352,7 @@ pub async fn run(opts: Options) -> anyhow::Result<Report> {
         ratios,
         sustainable: found,
         inflight,
+        neighbour,
         peak_rss,
         redelivered,
         valid,
@@ -478,6 +502,16 @@ fn stage_config(opts: &Options, prefix: &str, sink: &sink::Sink) -> String {
             Some(slots),
         );
     }
+    // The neighbour runs' rate-limited endpoint (last: the limit is its table's last line).
+    endpoint(
+        "limited-0",
+        &format!("e/{}", neighbour::LIMITED),
+        neighbour::TENANT,
+        "bench.*",
+        None,
+        None,
+    );
+    let _ = writeln!(t, "rate_limit = {}", neighbour::LIMIT_PER_S);
     t
 }
 

@@ -98,6 +98,12 @@ pub struct Options {
     /// flight to the pipeline's endpoints: endpoint_concurrency x endpoints per event).
     #[arg(long)]
     pub concurrency: Option<usize>,
+    /// Alternating pairs of neighbour runs alone and beside a rate-limited drain (0: skipped).
+    #[arg(long, default_value_t = 4)]
+    pub neighbour_pairs: usize,
+    /// Events of each neighbour run.
+    #[arg(long, default_value_t = 50_000)]
+    pub neighbour_events: usize,
     /// Keep the run's topics on the broker (default: delete them at the end).
     #[arg(long)]
     pub keep_topics: bool,
@@ -125,6 +131,8 @@ impl Options {
             self.hang_timeout = Duration::from_secs(1);
             self.inflight = 500;
             self.inflight_hold = Duration::from_secs(1);
+            self.neighbour_pairs = 1;
+            self.neighbour_events = 1_000;
         }
         self
     }
@@ -163,6 +171,10 @@ impl Options {
         anyhow::ensure!(
             self.payload_bytes >= 200 && self.payload_bytes <= 512 * 1024,
             "--payload-bytes must be 200..=524288"
+        );
+        anyhow::ensure!(
+            self.neighbour_pairs == 0 || self.neighbour_events >= 100,
+            "--neighbour-events must be at least 100"
         );
         anyhow::ensure!(self.partitions >= 1, "--partitions must be at least 1");
         anyhow::ensure!(

@@ -314,6 +314,7 @@ pub async fn run(ctx: &mut Ctx<'_>, spec: &RunSpec) -> anyhow::Result<RunResult>
         target_rate: spec.rate,
         produced: produced.records as u64,
         deliveries,
+        first_sched_ns: first,
         elapsed_s: receipts
             .last()
             .map(|l| l.0.saturating_sub(first) as f64 / 1e9)

@@ -41,6 +41,8 @@ pub struct RunResult {
     pub produced: u64,
     /// Healthy deliveries booked by the sink.
     pub deliveries: u64,
+    /// Unix ns of the first scheduled send.
+    pub first_sched_ns: u64,
     /// From the first scheduled send to the last healthy receipt.
     pub elapsed_s: f64,
     /// Deliveries/s over the whole run: first scheduled send to last healthy receipt. The
@@ -131,6 +133,8 @@ pub struct Report {
     pub sustainable: crate::search::Found,
     /// The in-flight run (None when skipped).
     pub inflight: Option<Inflight>,
+    /// A neighbour beside a rate-limited drain (None when skipped).
+    pub neighbour: Option<crate::neighbour::Neighbour>,
     /// VmHWM of each stage process at the end, bytes.
     pub peak_rss: BTreeMap<String, u64>,
     /// (id, endpoint) pairs the sink received more than once (at-least-once re-sends).
@@ -365,6 +369,37 @@ impl Report {
             ratio(self.ratios.pipeline_over_kafka, max_valid),
             ratio(self.ratios.isolation, iso_valid)
         );
+        if let Some(n) = &self.neighbour {
+            let pairs: Vec<String> = n
+                .pairs
+                .iter()
+                .map(|p| {
+                    format!(
+                        "{}/{} = {:.2}{}",
+                        num(p.beside_per_s),
+                        num(p.alone_per_s),
+                        p.ratio,
+                        if p.limited_waiting_at_end == 0 {
+                            " (drain over: not counted)"
+                        } else {
+                            ""
+                        }
+                    )
+                })
+                .collect();
+            let _ = writeln!(
+                t,
+                "neighbour beside a {}/s rate-limited drain / alone: {} (median of pairs; beside/alone deliveries/s: {}); limited endpoint: at most {} in any 1 s{}",
+                num(n.limit_per_s),
+                match n.ratio_median {
+                    Some(_) => ratio(n.ratio_median, n.valid),
+                    None => "- (no drain outlasted its beside run)".into(),
+                },
+                pairs.join(", "),
+                n.limited_max_per_s,
+                if n.limited_complete { "" } else { ", NOT every delivery arrived" }
+            );
+        }
         if let Some(i) = &self.inflight {
             let valid = self
                 .runs

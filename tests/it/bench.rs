@@ -27,7 +27,17 @@ async fn smoke_run_balances_every_ledger_and_reports_every_number() {
     let names: Vec<&str> = report.runs.iter().map(|r| r.name.as_str()).collect();
     assert_eq!(
         names,
-        ["max", "search-1", "lat-50%", "lat-90%", "iso-base", "iso-hang", "inflight"],
+        [
+            "max",
+            "search-1",
+            "lat-50%",
+            "lat-90%",
+            "nb-alone-1",
+            "nb-beside-1",
+            "iso-base",
+            "iso-hang",
+            "inflight"
+        ],
         "{table}"
     );
     for r in &report.runs {
@@ -107,7 +117,7 @@ async fn smoke_run_balances_every_ledger_and_reports_every_number() {
     let json: serde_json::Value =
         serde_json::from_slice(&std::fs::read(path).expect("read json")).expect("json");
     assert_eq!(json["valid"], true);
-    assert_eq!(json["runs"].as_array().map(Vec::len), Some(7));
+    assert_eq!(json["runs"].as_array().map(Vec::len), Some(9));
     // The in-flight run saw the dispatcher hold deliveries open and read its RSS meanwhile.
     let inflight = report.inflight.as_ref().expect("in-flight run");
     assert!(
@@ -116,6 +126,12 @@ async fn smoke_run_balances_every_ledger_and_reports_every_number() {
     );
     assert!(inflight.rss_at_peak_mib > 0.0 && inflight.rss_max_mib >= inflight.rss_at_peak_mib);
     assert_eq!(run("inflight").deliveries, 500, "5 events x 100 endpoints");
+    // The neighbour pair: the rate-limited endpoint's backlog arrived whole.
+    let nb = report.neighbour.as_ref().expect("neighbour pairs");
+    assert_eq!(nb.pairs.len(), 1, "{table}");
+    assert!(nb.limited_complete && nb.valid, "{nb:?}\n{table}");
+    assert!(nb.pairs[0].alone_per_s > 0.0 && nb.pairs[0].beside_per_s > 0.0);
+    assert!(table.contains("rate-limited drain"), "{table}");
     assert!(table.contains("sustainable / HTTP ceiling") && !table.contains("INVALID"));
     let _ = std::fs::remove_dir_all(&out);
 }
