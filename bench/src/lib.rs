@@ -3,7 +3,8 @@
 //! to ceilings measured in the same run, because the machines are shared and absolute numbers
 //! drift. One run, in order:
 //!
-//! 1. HTTP ceiling and Kafka ceiling ([`ceilings`]), before the stages start;
+//! 1. HTTP ceiling and Kafka ceiling ([`ceilings`]), then the two reference relays ([`relays`]:
+//!    bare Kafka clients doing no work on hookline's path), before the stages start;
 //! 2. the stages start ([`stages`]) with a config written for the run (short retry schedule so
 //!    failures reach the DLQ within the run; the sink's loopback address allowed);
 //! 3. pipeline runs ([`phases`]): the backlog drain (as fast as possible), then a bisection for
@@ -27,6 +28,7 @@ pub mod load;
 pub mod neighbour;
 pub mod options;
 pub mod phases;
+pub mod relays;
 pub mod report;
 pub mod search;
 pub mod sink;
@@ -108,6 +110,26 @@ pub async fn run(opts: Options) -> anyhow::Result<Report> {
     spinner.set_message("Kafka ceiling");
     let ceiling_topic = format!("{prefix}.kafka-ceiling");
     let kafka = ceilings::kafka(&config, &ceiling_topic, &main_plan, opts.payload_bytes).await?;
+    spinner.set_message("bare relay");
+    let bare_relay = relays::measure(
+        &config,
+        &sink,
+        relays::BARE,
+        0,
+        &main_plan,
+        opts.payload_bytes,
+    )
+    .await?;
+    spinner.set_message("same-shape relay");
+    let same_shape_relay = relays::measure(
+        &config,
+        &sink,
+        relays::SAME_SHAPE,
+        2,
+        &main_plan,
+        opts.payload_bytes,
+    )
+    .await?;
     spinner.set_message("filter cost");
     let filter_cost = filter_cost::measure(20_000, opts.payload_bytes)?;
     spinner.set_message("starting the stages");
@@ -331,6 +353,8 @@ pub async fn run(opts: Options) -> anyhow::Result<Report> {
         sustainable_over_http: sustainable.map(|p| p / http.per_s),
         pipeline_over_http: pipeline.map(|p| p / http.per_s),
         pipeline_over_kafka: pipeline.map(|p| p / kafka.per_s),
+        pipeline_over_bare_relay: pipeline.map(|p| p / bare_relay.per_s),
+        pipeline_over_same_shape_relay: pipeline.map(|p| p / same_shape_relay.per_s),
         isolation: match (healthy("iso-hang"), healthy("iso-base")) {
             (Some(h), Some(b)) if b > 0.0 => Some(h / b),
             _ => None,
@@ -347,6 +371,8 @@ pub async fn run(opts: Options) -> anyhow::Result<Report> {
         prefix: prefix.clone(),
         http_ceiling: http,
         kafka_ceiling: kafka,
+        bare_relay,
+        same_shape_relay,
         filter_cost,
         runs,
         ratios,
@@ -522,6 +548,7 @@ async fn delete_topics(config: &Config, ceiling_topic: &str) {
     };
     let mut names: Vec<String> = topics::plan(config).into_iter().map(|t| t.name).collect();
     names.push(ceiling_topic.to_string());
+    names.extend(relays::topic_names(&config.topics.prefix));
     let refs: Vec<&str> = names.iter().map(String::as_str).collect();
     let opts = AdminOptions::new().operation_timeout(Some(Duration::from_secs(30)));
     let _ = admin.delete_topics(&refs, &opts).await;

@@ -94,6 +94,10 @@ pub struct Ratios {
     /// Backlog drain (the `max` run) over the HTTP ceiling: an upper bound, not sustainable.
     pub pipeline_over_http: Option<f64>,
     pub pipeline_over_kafka: Option<f64>,
+    /// Backlog drain over the bare relay (one consumer POSTing each record).
+    pub pipeline_over_bare_relay: Option<f64>,
+    /// Backlog drain over the same-shape relay (two bare hops, then the bare relay).
+    pub pipeline_over_same_shape_relay: Option<f64>,
     /// Healthy deliveries/s with 1 of 100 endpoints hanging, over the same without.
     pub isolation: Option<f64>,
 }
@@ -125,6 +129,9 @@ pub struct Report {
     pub prefix: String,
     pub http_ceiling: HttpCeiling,
     pub kafka_ceiling: KafkaCeiling,
+    /// The references of issue 24 ([`crate::relays`]).
+    pub bare_relay: crate::relays::Relay,
+    pub same_shape_relay: crate::relays::Relay,
     /// What a payload filter costs per evaluation (measured on this box in this run).
     pub filter_cost: crate::filter_cost::FilterCost,
     pub runs: Vec<RunResult>,
@@ -224,6 +231,19 @@ impl Report {
             self.options.partitions,
             num(k.bench_cpu_us_per_record)
         );
+        for (label, r) in [
+            ("Bare relay   ", &self.bare_relay),
+            ("Same-shape   ", &self.same_shape_relay),
+        ] {
+            let _ = writeln!(
+                t,
+                "{label}: {} POST/s  ({} records, {} bare consume→produce hop(s), then one consumer POSTing each record; bench {} µs CPU/record)",
+                num(r.per_s),
+                r.records,
+                r.hops,
+                num(r.bench_cpu_us_per_record)
+            );
+        }
         let f = &self.filter_cost;
         let _ = writeln!(
             t,
@@ -354,7 +374,7 @@ impl Report {
             .all(|r| r.ledger.balanced);
         let _ = writeln!(
             t,
-            "\nmax sustainable rate    : {} records/s{} (backlog drain {} records/s; probes: {})\nsustainable / HTTP ceiling: {}\npipeline (drain) / HTTP ceiling : {}\npipeline (drain) / Kafka ceiling: {}\nisolation (99 healthy endpoints, 1 hanging vs none): {}",
+            "\nmax sustainable rate    : {} records/s{} (backlog drain {} records/s; probes: {})\nsustainable / HTTP ceiling: {}\npipeline (drain) / HTTP ceiling : {}\npipeline (drain) / Kafka ceiling: {}\npipeline (drain) / same-shape relay: {}  (issue 24's target ≥ 0.8)\npipeline (drain) / bare relay      : {}  (target ≥ 0.5)\nisolation (99 healthy endpoints, 1 hanging vs none): {}",
             num(self.sustainable.rate),
             if self.sustainable.verified { "" } else { " (UNVERIFIED: no probe kept up)" },
             num(self.sustainable.drain_rate),
@@ -367,6 +387,8 @@ impl Report {
             ratio(self.ratios.sustainable_over_http, search_valid),
             ratio(self.ratios.pipeline_over_http, max_valid),
             ratio(self.ratios.pipeline_over_kafka, max_valid),
+            ratio(self.ratios.pipeline_over_same_shape_relay, max_valid),
+            ratio(self.ratios.pipeline_over_bare_relay, max_valid),
             ratio(self.ratios.isolation, iso_valid)
         );
         if let Some(n) = &self.neighbour {

@@ -56,6 +56,7 @@ struct SinkState {
     slow_ms: AtomicU64,
     /// Requests being held on `/slow` right now.
     slow_open: AtomicU64,
+    relayed: AtomicU64,
 }
 
 /// A running sink; stops when dropped.
@@ -75,6 +76,7 @@ impl Sink {
             .route("/fail/{n}", post(fail))
             .route("/hang/{n}", post(hang))
             .route("/slow/{n}", post(slow))
+            .route("/relay/{n}", post(relay))
             .with_state(state.clone());
         let task = tokio::spawn(async move {
             if let Err(e) = axum::serve(listener, app).await {
@@ -107,6 +109,11 @@ impl Sink {
 
     pub fn delivered_total(&self) -> u64 {
         self.state.delivered.load(Ordering::Relaxed)
+    }
+
+    /// POSTs answered on `/relay/*` (the references of [`crate::relays`]).
+    pub fn relayed_total(&self) -> u64 {
+        self.state.relayed.load(Ordering::Relaxed)
     }
 
     pub fn failed_total(&self) -> u64 {
@@ -146,6 +153,12 @@ async fn deliver(
     body: Bytes,
 ) -> StatusCode {
     book(&state, n, &headers, &body)
+}
+
+/// A reference relay's POST: counted, nothing booked (its records carry no webhook id).
+async fn relay(State(state): State<Arc<SinkState>>, _body: Bytes) -> StatusCode {
+    state.relayed.fetch_add(1, Ordering::Relaxed);
+    StatusCode::NO_CONTENT
 }
 
 async fn fail(State(state): State<Arc<SinkState>>, Path(_n): Path<u16>) -> StatusCode {

@@ -98,9 +98,23 @@ async fn smoke_run_balances_every_ledger_and_reports_every_number() {
         "the Kafka ceiling's client CPU per record: {table}"
     );
     assert!(table.contains("µs CPU/record"), "{table}");
+    // The two reference relays POSTed every record of the run.
+    for r in [&report.bare_relay, &report.same_shape_relay] {
+        assert!(r.posts == r.records && r.per_s > 0.0, "{r:?}\n{table}");
+    }
+    assert_eq!(
+        (report.bare_relay.hops, report.same_shape_relay.hops),
+        (0, 2)
+    );
+    assert!(
+        table.contains("Bare relay") && table.contains("/ same-shape relay"),
+        "{table}"
+    );
     for r in [
         report.ratios.pipeline_over_http,
         report.ratios.pipeline_over_kafka,
+        report.ratios.pipeline_over_bare_relay,
+        report.ratios.pipeline_over_same_shape_relay,
         report.ratios.isolation,
     ] {
         assert!(r.is_some_and(|r| r > 0.0), "{table}");
