@@ -10,9 +10,9 @@
 //! 3. pipeline runs ([`phases`]): the backlog drain (as fast as possible), then a bisection for
 //!    the max *sustainable* open-model rate ([`search`]), then open-model runs at 50% and 90% of
 //!    that rate for latency, split by hop ([`hops`]);
-//! 4. a neighbour beside a rate-limited endpoint's drain, in alternating pairs ([`neighbour`]);
-//! 5. isolation: 100 endpoints, once all healthy and once with one hanging until its timeout;
+//! 4. isolation: 100 endpoints, once all healthy and once with one hanging until its timeout;
 //!    then many deliveries held in flight at once;
+//! 5. a neighbour beside a rate-limited endpoint's drain, in alternating pairs ([`neighbour`]);
 //! 6. every run balances its [`ledger`] or prints INVALID;
 //! 7. the [`report`]: a table, a JSON file under `target/bench/`, the ratios.
 //!
@@ -229,26 +229,7 @@ pub async fn run(opts: Options) -> anyhow::Result<Report> {
         runs.push(phases::run(&mut ctx, &main_spec(name, tag, plan, Some(rate), true)).await?);
     }
 
-    // 4. A neighbour beside a rate-limited endpoint's drain, in alternating pairs.
-    let neighbour = if opts.neighbour_pairs > 0 {
-        let spec = |name: &str, tag: &str, plan: Vec<load::Planned>| {
-            main_spec(name, tag, plan, None, false)
-        };
-        let (nb_runs, summary) = neighbour::run(
-            &mut ctx,
-            opts.neighbour_pairs,
-            opts.neighbour_events,
-            &mix,
-            &spec,
-        )
-        .await?;
-        runs.extend(nb_runs);
-        Some(summary)
-    } else {
-        None
-    };
-
-    // 5. Isolation: one event per endpoint round-robin over 100 endpoints, `iso-0` hanging or not.
+    // 4. Isolation: one event per endpoint round-robin over 100 endpoints, `iso-0` hanging or not.
     let iso_mix = load::Mix {
         failing_fraction: 0.0,
         ..mix.clone()
@@ -293,7 +274,7 @@ pub async fn run(opts: Options) -> anyhow::Result<Report> {
     }
     sink.set_hanging(false);
 
-    // 6. In flight: events fanned out to 100 endpoints whose requests the sink holds, so the
+    // 5. In flight: events fanned out to 100 endpoints whose requests the sink holds, so the
     // dispatcher has `--inflight` deliveries open at once; its RSS sampled meanwhile.
     let inflight = if opts.inflight > 0 {
         sink.set_slow_delay(opts.inflight_hold);
@@ -323,6 +304,26 @@ pub async fn run(opts: Options) -> anyhow::Result<Report> {
         let (result, probe) = inflight_run(&mut ctx, &spec, &opts).await?;
         runs.push(result);
         Some(probe)
+    } else {
+        None
+    };
+
+    // 6. A neighbour beside a rate-limited endpoint's drain, in alternating pairs (after
+    // the in-flight run, whose RSS figures stay comparable with the runs before this section).
+    let neighbour = if opts.neighbour_pairs > 0 {
+        let spec = |name: &str, tag: &str, plan: Vec<load::Planned>| {
+            main_spec(name, tag, plan, None, false)
+        };
+        let (nb_runs, summary) = neighbour::run(
+            &mut ctx,
+            opts.neighbour_pairs,
+            opts.neighbour_events,
+            &mix,
+            &spec,
+        )
+        .await?;
+        runs.extend(nb_runs);
+        Some(summary)
     } else {
         None
     };

@@ -32,11 +32,11 @@ async fn smoke_run_balances_every_ledger_and_reports_every_number() {
             "search-1",
             "lat-50%",
             "lat-90%",
-            "nb-alone-1",
-            "nb-beside-1",
             "iso-base",
             "iso-hang",
-            "inflight"
+            "inflight",
+            "nb-alone-1",
+            "nb-beside-1"
         ],
         "{table}"
     );
