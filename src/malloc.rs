@@ -1,21 +1,29 @@
-//! The process's allocator: jemalloc, for Rust and for librdkafka alike.
+//! glibc's allocator, capped at one arena per core.
 //!
-//! `tikv-jemallocator` with `unprefixed_malloc_on_supported_platforms` defines `malloc`, `free`
-//! and the rest in the binary, so librdkafka's C code (linked statically) allocates from the same
-//! heap as the Rust code. One heap matters: librdkafka's broker threads free their fetch buffers
-//! after a backlog drain while the delivery path grows new memory in tokio's workers, and with two
-//! allocators (or glibc's per-thread arenas) neither can reuse the other's freed pages.
+//! glibc gives threads their own malloc arenas, up to 8 per core. In a hookline process the
+//! threads that allocate are many (tokio's workers, librdkafka's broker threads, the stage loops),
+//! and memory freed in one thread's arena is not reused by another's: after a backlog drain,
+//! librdkafka's emptied fetch queues stay resident in its threads' arenas while the delivery
+//! path grows new memory in the workers'. Measured on the dispatcher after a 100k-record drain,
+//! then 10,000 deliveries held in flight (docs/performance.md, "10k in flight"): 119 MiB before
+//! and 249 MiB at the peak with glibc's default, 79 and 173 MiB with one arena per core, at the
+//! same CPU per delivery.
 //!
-//! Measured in alternating A/B bench runs (docs/performance.md, run 10), glibc with its arenas
-//! capped at one per core (this module's previous content) against jemalloc for the whole
-//! process, 100k-record drain then 10k deliveries held in flight:
-//! - CPU per record at the drain: deduper 19.1–20.1 → 13.6–14.8 µs, dispatcher 35.9–36.7 →
-//!   30.4–32.0 µs; at 50% and 90% of the rate within noise;
-//! - dispatcher RSS before the in-flight run 115–116 → 40–41 MiB, at its peak 171–198 →
-//!   173–175 MiB.
-//!
-//! A Rust-only allocator (mimalloc, or jemalloc prefixed) saved the same CPU but held ~90 MiB
-//! more at the in-flight peak (259–278 MiB): librdkafka's freed memory stayed in glibc's heap.
+//! `MALLOC_ARENA_MAX` in the environment (glibc's own knob) wins: the cap is set only without it.
 
-#[global_allocator]
-static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+/// Caps the arenas before any thread starts (call first in `main`). A no-op off glibc.
+pub(crate) fn cap_arenas() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    {
+        if std::env::var_os("MALLOC_ARENA_MAX").is_some() {
+            return;
+        }
+        let cores = std::thread::available_parallelism().map_or(2, std::num::NonZeroUsize::get);
+        let arenas = libc::c_int::try_from(cores.max(2)).unwrap_or(libc::c_int::MAX);
+        // SAFETY: mallopt only changes the allocator's tuning; it is called before any other
+        // thread exists, and a refused value (it returns 0) leaves glibc's default in place.
+        unsafe {
+            libc::mallopt(libc::M_ARENA_MAX, arenas);
+        }
+    }
+}

@@ -100,6 +100,28 @@ async fn text_of(c: &Client, css: &str) -> String {
         .expect("text")
 }
 
+/// The text of `css` once `done` accepts it, polling for 30 s: after a click that submits a form,
+/// the old page's element may be found first and go stale as the new page loads. Returns the last
+/// text seen (the caller's assertion names what it was).
+async fn text_when(c: &Client, css: &str, done: impl Fn(&str) -> bool) -> String {
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let mut last = String::new();
+    loop {
+        if let Ok(el) = c.find(Locator::Css(css)).await {
+            if let Ok(text) = el.text().await {
+                if done(&text) {
+                    return text;
+                }
+                last = text;
+            }
+        }
+        if std::time::Instant::now() >= deadline {
+            return last;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tenant_signs_in_sees_the_dead_warning_and_replays_from_the_browser() {
     require_kafka();
@@ -367,7 +389,7 @@ async fn a_tenant_signs_in_sees_the_dead_warning_and_replays_from_the_browser() 
         .click()
         .await
         .expect("click Save settings");
-    let error = text_of(&c, "body").await;
+    let error = text_when(&c, "body", |t| t.contains("at 1:")).await;
     assert!(
         error.contains("filter") && error.contains("at 1:"),
         "{error}"
