@@ -142,17 +142,7 @@ pub async fn kafka(
     payload_bytes: usize,
 ) -> anyhow::Result<KafkaCeiling> {
     let partitions = config.topics.partitions;
-    let admin: AdminClient<DefaultClientContext> = base_config(config).create()?;
-    let opts = AdminOptions::new().operation_timeout(Some(Duration::from_secs(30)));
-    for r in admin
-        .create_topics(
-            &[NewTopic::new(topic, partitions, TopicReplication::Fixed(1))],
-            &opts,
-        )
-        .await?
-    {
-        r.map_err(|(t, e)| anyhow::anyhow!("creating {t}: {e}"))?;
-    }
+    create_topics(config, &[topic.to_string()]).await?;
     let consumer: BaseConsumer =
         pipeline_consumer_config(config, "bench-kafka-ceiling").create()?;
     wait_for_topic(&consumer, topic, partitions)?;
@@ -202,6 +192,20 @@ pub async fn kafka(
         per_s: n as f64 / elapsed,
         bench_cpu_us_per_record: cpu * 1e6 / n.max(1) as f64,
     })
+}
+
+/// Creates `names` with the run's partition count, one replica each (the bench's own topics).
+pub(crate) async fn create_topics(config: &Config, names: &[String]) -> anyhow::Result<()> {
+    let admin: AdminClient<DefaultClientContext> = base_config(config).create()?;
+    let opts = AdminOptions::new().operation_timeout(Some(Duration::from_secs(30)));
+    let new: Vec<NewTopic> = names
+        .iter()
+        .map(|t| NewTopic::new(t, config.topics.partitions, TopicReplication::Fixed(1)))
+        .collect();
+    for r in admin.create_topics(&new, &opts).await? {
+        r.map_err(|(t, e)| anyhow::anyhow!("creating {t}: {e}"))?;
+    }
+    Ok(())
 }
 
 /// Waits until the new topic's partitions show in metadata (CreateTopics returns before that).

@@ -125,7 +125,7 @@ pub async fn run(opts: Options) -> anyhow::Result<Report> {
         &config,
         &sink,
         relays::SAME_SHAPE,
-        2,
+        relays::SAME_SHAPE_HOPS,
         &main_plan,
         opts.payload_bytes,
     )

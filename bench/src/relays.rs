@@ -26,8 +26,6 @@ use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
-use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
-use rdkafka::client::DefaultClientContext;
 use rdkafka::consumer::{BaseConsumer, Consumer, StreamConsumer};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::producer::ThreadedProducer;
@@ -73,7 +71,7 @@ pub async fn measure(
 ) -> anyhow::Result<Relay> {
     let prefix = &config.topics.prefix;
     let topics: Vec<String> = (0..=hops).map(|i| format!("{prefix}.{name}-{i}")).collect();
-    create_topics(config, &topics).await?;
+    crate::ceilings::create_topics(config, &topics).await?;
     let n = plan.len();
     let stop = Arc::new(AtomicBool::new(false));
     let cpu0 = cpu_seconds(std::process::id())?;
@@ -116,11 +114,8 @@ pub async fn measure(
     // running already when a run starts, too).
     let joined_by = Instant::now() + Duration::from_secs(60);
     loop {
-        let assigned = |c: &dyn Fn() -> usize| c() >= config.topics.partitions as usize;
-        let all = joining
-            .iter()
-            .all(|c| assigned(&|| c.assignment().map_or(0, |a| a.count())))
-            && assigned(&|| consumer.assignment().map_or(0, |a| a.count()));
+        let full = |n: usize| n >= config.topics.partitions as usize;
+        let all = joining.iter().all(|c| full(assigned(&**c))) && full(assigned(&*consumer));
         if all {
             break;
         }
@@ -172,6 +167,11 @@ pub async fn measure(
         hops,
         bench_cpu_us_per_record: cpu * 1e6 / n.max(1) as f64,
     })
+}
+
+/// Partitions assigned to `consumer` now.
+fn assigned<C: Consumer>(consumer: &C) -> usize {
+    consumer.assignment().map_or(0, |a| a.count())
 }
 
 /// A consumer with librdkafka's defaults but for the group and reading from the start.
@@ -269,26 +269,15 @@ async fn post_each(
     Ok(())
 }
 
-async fn create_topics(config: &Config, names: &[String]) -> anyhow::Result<()> {
-    let admin: AdminClient<DefaultClientContext> = base_config(config).create()?;
-    let opts = AdminOptions::new().operation_timeout(Some(Duration::from_secs(30)));
-    let new: Vec<NewTopic> = names
-        .iter()
-        .map(|t| NewTopic::new(t, config.topics.partitions, TopicReplication::Fixed(1)))
-        .collect();
-    for r in admin.create_topics(&new, &opts).await? {
-        r.map_err(|(t, e)| anyhow::anyhow!("creating {t}: {e}"))?;
-    }
-    Ok(())
-}
-
 /// The reference topics of a run, to delete at the end.
 pub fn topic_names(prefix: &str) -> Vec<String> {
     let mut v = vec![format!("{prefix}.{BARE}-0")];
-    v.extend((0..=2).map(|i| format!("{prefix}.{SAME_SHAPE}-{i}")));
+    v.extend((0..=SAME_SHAPE_HOPS).map(|i| format!("{prefix}.{SAME_SHAPE}-{i}")));
     v
 }
 
 /// Names of the two references (in topic names and the report).
 pub const BARE: &str = "bare-relay";
 pub const SAME_SHAPE: &str = "same-shape-relay";
+/// Consume→produce hops of the same-shape relay (events → dedupe → dispatch).
+pub const SAME_SHAPE_HOPS: usize = 2;
