@@ -24,7 +24,12 @@ cleanup() {
 }
 trap cleanup EXIT
 
+# Free disk at each phase: a run that fills the disk says where (a fresh clone's build takes
+# ~1.7 GB with .ci/run's settings, the images ~1 GB, the brokers' data a few hundred MB).
+disk() { echo "--- disk: $(df -h --output=avail . | tail -1 | tr -d ' ') free $1"; }
+
 t0=$(date +%s)
+disk "at the start"
 if port_open; then
   echo "--- using the Kafka broker already listening on $bootstrap"
 else
@@ -64,6 +69,7 @@ HOOKLINE_TEST_KAFKA=$bootstrap cargo test --workspace --all-targets --no-fail-fa
 passed=$(grep -Eo '^test result: .* ([0-9]+) passed' "$log" | grep -Eo '[0-9]+ passed' | awk '{s+=$1} END {print s+0}')
 failed=$(grep -Eo '^test result: .* ([0-9]+) failed' "$log" | grep -Eo '[0-9]+ failed' | awk '{s+=$1} END {print s+0}')
 rm -f "$log"
+disk "after cargo test"
 
 # Runs a sub-suite script whose last line is "<name>: N passed, M failed" and adds its counts; a
 # script that ends without that line counts as one failure.
@@ -94,12 +100,14 @@ if [[ ${HOOKLINE_TEST_SKIP_CONTAINERS:-0} == 1 ]]; then
   failed=$((failed + 1))
 else
   run_counted test-containers scripts/test-containers.sh
+  disk "after the container tests"
 fi
 
 # Brokers killed under load on a three-broker cluster (one round; HOOKLINE_TEST_FAULT_ROUNDS=10 for
 # the long variant): scripts/test-faults.sh starts and removes the cluster itself.
 echo "--- fault tests on three brokers (scripts/test-faults.sh)"
 run_counted test-faults scripts/test-faults.sh
+disk "after the fault tests"
 
 echo "--- test suite finished in $(( $(date +%s) - t0 ))s"
 # The whole suite's count, on the last line.
