@@ -50,7 +50,7 @@ use hookline_common::contract::topics::{self, Topics};
 use hookline_common::kafka::{apply_topics, base_config, producer_config};
 
 pub use options::Options;
-use report::{Machine, Ratios, Report};
+use report::{Machine, RatioSplit, Ratios, Report};
 
 /// The endpoints' signing secret (any valid `whsec_`; the sink does not verify).
 const SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
@@ -343,6 +343,20 @@ pub async fn run(opts: Options) -> anyhow::Result<Report> {
     let by_name = |n: &str| runs.iter().find(|r| r.name == n);
     let healthy = |n: &str| by_name(n).and_then(|r| r.healthy_per_s);
     let pipeline = runs.first().map(|r| r.sustained_per_s);
+    // The drain's machine CPU per delivery, for the ratios' split.
+    let pipeline_cpu_us = runs
+        .first()
+        .map(|r| r.machine_cpu.busy_s * 1e6 / (r.ledger.deliveries_received.max(1) as f64));
+    let split_over = |relay: &relays::Relay| match (pipeline, pipeline_cpu_us) {
+        (Some(p), Some(c)) => RatioSplit::new(
+            p,
+            c,
+            relay.per_s,
+            relay.machine_cpu_us_per_record,
+            machine.cores,
+        ),
+        _ => None,
+    };
     // Deliveries/s of the fastest probe that kept up, over the same run's ceilings.
     let sustainable = runs
         .iter()
@@ -356,6 +370,8 @@ pub async fn run(opts: Options) -> anyhow::Result<Report> {
         pipeline_over_kafka: pipeline.map(|p| p / kafka.per_s),
         pipeline_over_bare_relay: pipeline.map(|p| p / bare_relay.per_s),
         pipeline_over_same_shape_relay: pipeline.map(|p| p / same_shape_relay.per_s),
+        same_shape_split: split_over(&same_shape_relay),
+        bare_split: split_over(&bare_relay),
         isolation: match (healthy("iso-hang"), healthy("iso-base")) {
             (Some(h), Some(b)) if b > 0.0 => Some(h / b),
             _ => None,

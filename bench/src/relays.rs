@@ -39,7 +39,7 @@ use hookline_common::kafka::{base_config, producer_config};
 use crate::load::{self, Planned};
 use crate::options::ENDPOINT_CONCURRENCY;
 use crate::sink::Sink;
-use crate::stages::cpu_seconds;
+use crate::stages::{cpu_seconds, machine_busy_seconds};
 
 /// One reference's result.
 #[derive(Debug, Clone, Serialize)]
@@ -55,6 +55,8 @@ pub struct Relay {
     pub hops: usize,
     /// CPU of the bench process (producer, relay clients, sink) per record.
     pub bench_cpu_us_per_record: f64,
+    /// The whole machine's busy CPU (bench, broker, anyone else) per record over `elapsed_s`.
+    pub machine_cpu_us_per_record: f64,
 }
 
 /// How long a reference may take before the bench gives up on it.
@@ -127,6 +129,7 @@ pub async fn measure(
     }
 
     let producer: FutureProducer = producer_config(config).create()?;
+    let machine0 = machine_busy_seconds()?;
     let start = Instant::now();
     load::produce(
         &producer,
@@ -151,6 +154,7 @@ pub async fn measure(
         tokio::time::sleep(Duration::from_millis(20)).await;
     };
     let elapsed = start.elapsed().as_secs_f64();
+    let machine = machine_busy_seconds()? - machine0;
     stop.store(true, Ordering::SeqCst);
     let posted = poster.await.context("the relay's consumer panicked")?;
     for t in threads {
@@ -166,6 +170,7 @@ pub async fn measure(
         per_s: posts as f64 / elapsed,
         hops,
         bench_cpu_us_per_record: cpu * 1e6 / n.max(1) as f64,
+        machine_cpu_us_per_record: machine * 1e6 / n.max(1) as f64,
     })
 }
 

@@ -98,8 +98,57 @@ pub struct Ratios {
     pub pipeline_over_bare_relay: Option<f64>,
     /// Backlog drain over the same-shape relay (two bare hops, then the bare relay).
     pub pipeline_over_same_shape_relay: Option<f64>,
+    /// `pipeline_over_same_shape_relay` split into its two factors.
+    pub same_shape_split: Option<RatioSplit>,
+    /// `pipeline_over_bare_relay` split into its two factors.
+    pub bare_split: Option<RatioSplit>,
     /// Healthy deliveries/s with 1 of 100 endpoints hanging, over the same without.
     pub isolation: Option<f64>,
+}
+
+/// A rate ratio (hookline's drain over a reference) as the product of two factors, so that a
+/// ratio below target says whether the path costs too much CPU or leaves the machine idle:
+/// `ratio = cpu × busy`. Each side's machine CPU per delivery is the whole box's busy time
+/// (stages or relay clients, broker, bench producer and sink) over its deliveries, and its
+/// utilisation is `rate × CPU per delivery / cores` (hookline's busy time includes its run's
+/// settle tail, a slight overstatement of its CPU).
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct RatioSplit {
+    /// Machine CPU per delivery of the reference over hookline's (< 1: hookline costs more).
+    pub cpu: f64,
+    /// hookline's utilisation of the machine over the reference's (< 1: hookline waits more).
+    pub busy: f64,
+    /// hookline's machine CPU per delivery, µs.
+    pub pipeline_cpu_us: f64,
+    /// hookline's utilisation of the machine (0..1).
+    pub pipeline_busy: f64,
+    /// The reference's utilisation of the machine (0..1).
+    pub reference_busy: f64,
+}
+
+impl RatioSplit {
+    /// `None` when either side has no CPU or rate to compare.
+    pub fn new(
+        pipeline_per_s: f64,
+        pipeline_cpu_us: f64,
+        reference_per_s: f64,
+        reference_cpu_us: f64,
+        cores: usize,
+    ) -> Option<RatioSplit> {
+        let cores = cores.max(1) as f64;
+        let busy = |per_s: f64, cpu_us: f64| per_s * cpu_us / 1e6 / cores;
+        let (p, r) = (
+            busy(pipeline_per_s, pipeline_cpu_us),
+            busy(reference_per_s, reference_cpu_us),
+        );
+        (pipeline_cpu_us > 0.0 && r > 0.0).then(|| RatioSplit {
+            cpu: reference_cpu_us / pipeline_cpu_us,
+            busy: p / r,
+            pipeline_cpu_us,
+            pipeline_busy: p,
+            reference_busy: r,
+        })
+    }
 }
 
 /// The in-flight run: the dispatcher holding many deliveries open at once (the sink holds each
@@ -203,6 +252,21 @@ fn ratio(v: Option<f64>, valid: bool) -> String {
     }
 }
 
+/// " = CPU 0.46 × busy 0.87 (…)" after a ratio, or nothing.
+fn split(v: Option<RatioSplit>, valid: bool) -> String {
+    match (v, valid) {
+        (Some(s), true) => format!(
+            " = CPU per delivery {:.2} × machine busy {:.2}  (hookline {} µs machine CPU/delivery, {:.0}% busy; the relay {:.0}%)",
+            s.cpu,
+            s.busy,
+            num(s.pipeline_cpu_us),
+            s.pipeline_busy * 100.0,
+            s.reference_busy * 100.0
+        ),
+        _ => String::new(),
+    }
+}
+
 impl Report {
     /// The table printed at the end of a run.
     pub fn table(&self) -> String {
@@ -237,11 +301,12 @@ impl Report {
         ] {
             let _ = writeln!(
                 t,
-                "{label}: {} POST/s  ({} records, {} bare consume→produce hop(s), then one consumer POSTing each record; bench {} µs CPU/record)",
+                "{label}: {} POST/s  ({} records, {} bare consume→produce hop(s), then one consumer POSTing each record; bench {} µs CPU/record, machine {} µs)",
                 num(r.per_s),
                 r.records,
                 r.hops,
-                num(r.bench_cpu_us_per_record)
+                num(r.bench_cpu_us_per_record),
+                num(r.machine_cpu_us_per_record)
             );
         }
         let f = &self.filter_cost;
@@ -374,7 +439,7 @@ impl Report {
             .all(|r| r.ledger.balanced);
         let _ = writeln!(
             t,
-            "\nmax sustainable rate    : {} records/s{} (backlog drain {} records/s; probes: {})\nsustainable / HTTP ceiling: {}\npipeline (drain) / HTTP ceiling : {}\npipeline (drain) / Kafka ceiling: {}\npipeline (drain) / same-shape relay: {}  (issue 24's target ≥ 0.8)\npipeline (drain) / bare relay      : {}  (target ≥ 0.5)\nisolation (99 healthy endpoints, 1 hanging vs none): {}",
+            "\nmax sustainable rate    : {} records/s{} (backlog drain {} records/s; probes: {})\nsustainable / HTTP ceiling: {}\npipeline (drain) / HTTP ceiling : {}\npipeline (drain) / Kafka ceiling: {}\npipeline (drain) / same-shape relay: {}  (issue 24's target ≥ 0.8){}\npipeline (drain) / bare relay      : {}  (target ≥ 0.5){}\nisolation (99 healthy endpoints, 1 hanging vs none): {}",
             num(self.sustainable.rate),
             if self.sustainable.verified { "" } else { " (UNVERIFIED: no probe kept up)" },
             num(self.sustainable.drain_rate),
@@ -388,7 +453,9 @@ impl Report {
             ratio(self.ratios.pipeline_over_http, max_valid),
             ratio(self.ratios.pipeline_over_kafka, max_valid),
             ratio(self.ratios.pipeline_over_same_shape_relay, max_valid),
+            split(self.ratios.same_shape_split, max_valid),
             ratio(self.ratios.pipeline_over_bare_relay, max_valid),
+            split(self.ratios.bare_split, max_valid),
             ratio(self.ratios.isolation, iso_valid)
         );
         if let Some(n) = &self.neighbour {

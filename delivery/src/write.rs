@@ -33,7 +33,9 @@ use rdkafka::producer::FutureProducer;
 use hookline_common::contract::delivery::{DeadReason, DeliveryMeta};
 use hookline_common::contract::quarantine::{self, Source};
 use hookline_common::contract::topics::Topics;
-use hookline_common::kafka::produce::{self, OwnedRecord, ProduceErrors, SendError, WriteGate};
+use hookline_common::kafka::produce::{
+    self, Acked, OwnedRecord, ProduceErrors, SendError, WriteGate,
+};
 use hookline_common::kafka::recordsize::Limits;
 use hookline_common::runtime::shutdown::Shutdown;
 
@@ -144,8 +146,21 @@ impl HopWriter {
             let limit = self.limits.limit(&target);
             let problem = if record.size() <= limit {
                 match self.send(gate, &record).await? {
-                    None => return Ok(written),
-                    Some((error, true)) => {
+                    Ok(acked) => {
+                        // Where each hop landed: with `hookline_delivery::write=debug` a delivery
+                        // can be followed record by record (the fault suite logs it).
+                        tracing::debug!(
+                            endpoint = %meta.endpoint_id,
+                            event = %meta.event_id,
+                            attempt = meta.attempt,
+                            topic = %target,
+                            partition = acked.partition,
+                            offset = acked.offset,
+                            "delivery record acknowledged"
+                        );
+                        return Ok(written);
+                    }
+                    Err((error, true)) => {
                         self.limits.refresh().await;
                         // Still fits alone: its batch was too large (a topic limit below the
                         // producer's batch size). Send it again; batching differs next time.
@@ -158,7 +173,7 @@ impl HopWriter {
                         format!("kafka refused the record for {target} as too large: {error}")
                     }
                     // Refused for another reason (invalid record): a dead letter would be too.
-                    Some((error, false)) => break format!("kafka refused the record: {error}"),
+                    Err((error, false)) => break format!("kafka refused the record: {error}"),
                 }
             } else {
                 format!(
@@ -197,7 +212,7 @@ impl HopWriter {
             self.limits.limit(&invalid),
         );
         match self.send(gate, &record).await? {
-            None => {
+            Ok(_) => {
                 tracing::error!(
                     endpoint = %meta.endpoint_id,
                     event = %meta.event_id,
@@ -206,7 +221,7 @@ impl HopWriter {
                 );
                 Ok(Written::Quarantined)
             }
-            Some((error, _)) => {
+            Err((error, _)) => {
                 tracing::error!(
                     endpoint = %meta.endpoint_id,
                     event = %meta.event_id,
@@ -249,11 +264,11 @@ impl HopWriter {
         };
         loop {
             match self.send(gate, &current).await? {
-                None => return Ok(()),
-                Some((error, _)) if current.size() == record.size() => {
+                Ok(_) => return Ok(()),
+                Err((error, _)) if current.size() == record.size() => {
                     current = bounded(&format!("{problem}; kafka refused it whole: {error}"));
                 }
-                Some((error, _)) => {
+                Err((error, _)) => {
                     tracing::error!(
                         partition = source.partition,
                         offset = source.offset,
@@ -307,18 +322,18 @@ impl HopWriter {
         build(meta)
     }
 
-    /// `Ok(None)`: acknowledged; `Ok(Some((error, is_size)))`: refused for good.
+    /// `Ok(Ok(acked))`: acknowledged at `acked`; `Ok(Err((error, is_size)))`: refused for good.
     async fn send(
         &self,
         gate: &dyn WriteGate,
         record: &OwnedRecord,
-    ) -> Result<Option<(rdkafka::error::KafkaError, bool)>, HopError> {
+    ) -> Result<Result<Acked, (rdkafka::error::KafkaError, bool)>, HopError> {
         let sent =
             produce::send_acked_through(&self.producer, record, &self.errors, &self.shutdown, gate)
                 .await;
         match sent {
-            Ok(()) => Ok(None),
-            Err(SendError::Permanent { error, size }) => Ok(Some((error, size))),
+            Ok(acked) => Ok(Ok(acked)),
+            Err(SendError::Permanent { error, size }) => Ok(Err((error, size))),
             Err(SendError::Fatal(error)) => Err(HopError::Fatal {
                 topic: record.topic.clone(),
                 error,

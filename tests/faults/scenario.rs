@@ -130,7 +130,7 @@ allow_cidrs = ["127.0.0.0/8"]
 schedule = {SCHEDULE}
 [log]
 format = "json"
-level = "info"
+level = "info,hookline_delivery::write=debug"
 
 [[endpoints]]
 id = "healthy"

@@ -101,7 +101,27 @@ async fn smoke_run_balances_every_ledger_and_reports_every_number() {
     // The two reference relays POSTed every record of the run.
     for r in [&report.bare_relay, &report.same_shape_relay] {
         assert!(r.posts == r.records && r.per_s > 0.0, "{r:?}\n{table}");
+        assert!(r.machine_cpu_us_per_record > 0.0, "{r:?}");
     }
+    // Each ratio to a relay is split into CPU per delivery × machine busy, and the split
+    // multiplies back to the ratio.
+    for (ratio, split) in [
+        (
+            report.ratios.pipeline_over_same_shape_relay,
+            report.ratios.same_shape_split,
+        ),
+        (
+            report.ratios.pipeline_over_bare_relay,
+            report.ratios.bare_split,
+        ),
+    ] {
+        let (ratio, split) = (ratio.expect("ratio"), split.expect("split"));
+        assert!(
+            (split.cpu * split.busy - ratio).abs() < 1e-6 * ratio.max(1.0),
+            "{split:?} vs {ratio}\n{table}"
+        );
+    }
+    assert!(table.contains("× machine busy"), "{table}");
     assert_eq!(
         (report.bare_relay.hops, report.same_shape_relay.hops),
         (0, 2)

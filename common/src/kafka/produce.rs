@@ -225,6 +225,13 @@ pub fn owned_headers<'a>(
         })
 }
 
+/// Where an acknowledged record was written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Acked {
+    pub partition: i32,
+    pub offset: i64,
+}
+
 /// Why a record was not acknowledged.
 #[derive(Debug)]
 pub enum SendError {
@@ -330,7 +337,9 @@ pub async fn await_acked(
     errors: &ProduceErrors,
     shutdown: &Shutdown,
 ) -> Result<(), SendError> {
-    await_acked_through(producer, record, first, errors, shutdown, &Ungated).await
+    await_acked_through(producer, record, first, errors, shutdown, &Ungated)
+        .await
+        .map(|_| ())
 }
 
 async fn await_acked_through(
@@ -340,20 +349,26 @@ async fn await_acked_through(
     errors: &ProduceErrors,
     shutdown: &Shutdown,
     gate: &dyn WriteGate,
-) -> Result<(), SendError> {
+) -> Result<Acked, SendError> {
     let mut attempt = first;
     let mut tries = 0u32;
     loop {
         let result = match attempt {
             Ok(delivery) => match delivery.await {
-                Ok(Ok(_)) => Ok(()),
+                Ok(Ok(d)) => Ok(Acked {
+                    partition: d.partition,
+                    offset: d.offset,
+                }),
                 Ok(Err((e, _))) => Err(e),
                 Err(_) => Err(KafkaError::Canceled),
             },
             Err(e) => Err(e),
         };
         gate.acked();
-        let Err(error) = result else { return Ok(()) };
+        let error = match result {
+            Ok(acked) => return Ok(acked),
+            Err(error) => error,
+        };
         let class = classify(&error);
         errors.emit(&record.topic, class, &error);
         match class {
@@ -384,18 +399,20 @@ pub async fn send_acked(
     errors: &ProduceErrors,
     shutdown: &Shutdown,
 ) -> Result<(), SendError> {
-    send_acked_through(producer, record, errors, shutdown, &Ungated).await
+    send_acked_through(producer, record, errors, shutdown, &Ungated)
+        .await
+        .map(|_| ())
 }
 
 /// [`send_acked`] under a claim: every enqueue, retries included, goes through `gate`;
-/// [`SendError::Revoked`] once it refuses.
+/// [`SendError::Revoked`] once it refuses. Returns where the record was written.
 pub async fn send_acked_through(
     producer: &FutureProducer,
     record: &OwnedRecord,
     errors: &ProduceErrors,
     shutdown: &Shutdown,
     gate: &dyn WriteGate,
-) -> Result<(), SendError> {
+) -> Result<Acked, SendError> {
     let Some(first) = enqueue_through(producer, record, gate).await else {
         return Err(SendError::Revoked);
     };
