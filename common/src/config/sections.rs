@@ -174,8 +174,9 @@ pub struct DedupeConfig {
     /// Per event type dedupe keys; the first rule whose glob matches `type` wins, else `/id`.
     pub keys: Vec<DedupeKeyRule>,
     /// How long stage B collects records before committing one transaction: the longest a
-    /// record waits in stage B before the dispatcher can read it. 50 ms: p99 end to end 91 ms at
-    /// 4,000 events/s vs 140–149 ms at 100 ms, same CPU (docs/performance.md, run 4).
+    /// record waits in stage B before the dispatcher can read it. 25 ms: p99 end to end 103–108 ms
+    /// at 7,500 events/s vs 129–140 ms at 50 ms, for ~7% more machine CPU (the broker's share of
+    /// 40 transactions/s instead of 20; docs/performance.md, run 12).
     #[serde(with = "humantime_serde")]
     pub batch_interval: Duration,
     pub batch_max_records: usize,
@@ -186,7 +187,7 @@ impl Default for DedupeConfig {
         DedupeConfig {
             window: Duration::from_secs(86_400),
             keys: Vec::new(),
-            batch_interval: Duration::from_millis(50),
+            batch_interval: Duration::from_millis(25),
             batch_max_records: 5_000,
         }
     }
