@@ -2,27 +2,33 @@
 //! low can the deduper's CPU per record go with librdkafka at a given rate? Runs, against the
 //! local broker, a bare relay whose clients are built by the stages' own functions
 //! (`pipeline_consumer_config`, `producer_config`: fetch and linger tuning, idempotence, lz4,
-//! `read_committed`) with stage B's transaction settings and its 50 ms interval:
+//! `read_committed`) with stage B's transaction settings and its 25 ms interval:
 //!
 //! - `split`: the deduper's four clients. Hop 1: a consumer of `events` and an idempotent producer
 //!   to `dedupe` (partition by key hash), offsets stored when acknowledged. Hop 2: a
 //!   `read_committed` consumer of `dedupe` and a transactional producer writing each record to
 //!   `out` and a 20-byte changelog record to `state`, committing outputs and input offsets
-//!   together every 50 ms.
+//!   together every 25 ms (`FLOOR_TXN_MS` to change it).
 //! - `split-async`: the same, with hop 1 run the way stage A runs it (tokio, `StreamConsumer`,
 //!   `FutureProducer`, delivery futures in a `FuturesOrdered`): what that machinery costs.
 //! - `merged`: two clients. One consumer (one group) over `events` and `dedupe`, one
-//!   transactional producer writing both hops' outputs and both hops' offsets every 50 ms (hop 1's
+//!   transactional producer writing both hops' outputs and both hops' offsets every 25 ms (hop 1's
 //!   output then becomes visible at commit, not at acknowledgement).
+//! - `direct`: issue 24 part 3's hop removal. The loader puts each record on the partition its
+//!   key hashes to (as a producer keying by the dedupe key would), and `merged`'s two clients
+//!   write a record read from `events` straight to `out` (and its changelog record) when it is
+//!   already on its key's partition; only a record on the wrong partition is forwarded through
+//!   `dedupe`. With every record well keyed, one produce and one consume fewer per record.
 //!
 //! No validation, no seen-set, no headers unless `headers` is given (then stage A's four event
 //! headers travel through both hops): only the Kafka work. A child process (this binary,
 //! mode `load`) produces 1 KiB records at an open-model rate and reads `out` (`read_committed`),
-//! printing latency from scheduled send to receipt. The number is the relay process's CPU per
-//! relayed record over the run. Run:
+//! printing latency from scheduled send to receipt. The numbers are the relay process's CPU per
+//! relayed record over the run, and the whole machine's (`/proc/stat`: the relay, the loader and
+//! the broker), which is where a hop's broker work shows. Run:
 //!
 //! ```sh
-//! cargo run --release -p hookline-bench --example deduper_floor -- split|split-async|merged [rate] [secs] [headers]
+//! cargo run --release -p hookline-bench --example deduper_floor -- split|split-async|merged|direct [rate] [secs] [headers]
 //! ```
 
 use std::collections::HashMap;
@@ -55,7 +61,13 @@ const PARTITIONS: i32 = 6;
 /// A relay thread's body; it sets the flag once its consumer has its assignment.
 type Relay = Box<dyn FnOnce(&AtomicBool) -> anyhow::Result<()> + Send>;
 
-const TXN_INTERVAL: Duration = Duration::from_millis(50);
+/// Stage B's transaction interval: its default (`dedupe.batch_interval`), or `FLOOR_TXN_MS`.
+fn txn_interval() -> Duration {
+    let ms = std::env::var("FLOOR_TXN_MS")
+        .ok()
+        .and_then(|v| v.parse().ok());
+    Duration::from_millis(ms.unwrap_or(25))
+}
 const CALL: Duration = Duration::from_secs(30);
 
 fn now_us() -> u64 {
@@ -125,6 +137,9 @@ fn producer(config: &Config, transactional_id: Option<&str>) -> ClientConfig {
 /// event (id, type, tenant, dedupe key; the bench's sizes) and hop 2 copies them on, as stage B
 /// does: what carrying them costs.
 static HEADERS: AtomicBool = AtomicBool::new(false);
+
+/// `direct`: a record read from `events` on its key's partition skips `dedupe`.
+static DIRECT: AtomicBool = AtomicBool::new(false);
 
 /// Stage A's event headers for a record with `key` (the event id), if `headers` was asked for.
 fn event_headers(key: &[u8]) -> Option<OwnedHeaders> {
@@ -322,7 +337,7 @@ fn hop1_async(
 }
 
 /// The transactional relay: hop 2 (and, in `merged`, hop 1 too) with outputs and input offsets
-/// committed together every [`TXN_INTERVAL`].
+/// committed together every [`txn_interval`].
 fn txn_relay(
     config: &Config,
     names: &Names,
@@ -341,10 +356,11 @@ fn txn_relay(
     ready.store(true, Ordering::Relaxed);
     let mut offsets: HashMap<(String, i32), i64> = HashMap::new();
     let mut started: Option<Instant> = None;
+    let interval = txn_interval();
     loop {
         let stopping = stop.load(Ordering::Relaxed);
         if let Some(at) = started {
-            if stopping || at.elapsed() >= TXN_INTERVAL {
+            if stopping || at.elapsed() >= interval {
                 let mut tpl = TopicPartitionList::new();
                 for ((t, p), o) in offsets.drain() {
                     tpl.add_partition_offset(&t, p, Offset::Offset(o + 1))?;
@@ -360,7 +376,7 @@ fn txn_relay(
             return Ok(());
         }
         let wait = started.map_or(Duration::from_millis(100), |at| {
-            TXN_INTERVAL.saturating_sub(at.elapsed())
+            interval.saturating_sub(at.elapsed())
         });
         match consumer.poll(wait) {
             Some(Ok(m)) => {
@@ -372,8 +388,9 @@ fn txn_relay(
                 let payload = m.payload().unwrap_or_default();
                 let hash = key_hash(std::str::from_utf8(key)?);
                 let ts = m.timestamp().to_millis();
-                if m.topic() == names.events {
-                    let p = partition_for(hash, PARTITIONS);
+                let p = partition_for(hash, PARTITIONS);
+                let skip = DIRECT.load(Ordering::Relaxed) && p == m.partition();
+                if m.topic() == names.events && !skip {
                     let mut r = BaseRecord::to(&names.dedupe)
                         .key(key)
                         .payload(payload)
@@ -386,6 +403,7 @@ fn txn_relay(
                     }
                     send(&producer, r)?;
                 } else {
+                    // On its key's partition (read from `dedupe`, or from `events` in `direct`).
                     let mut r = BaseRecord::to(&names.out)
                         .key(key)
                         .payload(payload)
@@ -418,7 +436,7 @@ fn txn_relay(
 
 /// The child: produces `rate` records/s for `secs` seconds to `events`, reads `out`, prints the
 /// latency from scheduled send to receipt.
-fn load(prefix: &str, rate: f64, secs: u64) -> anyhow::Result<()> {
+fn load(prefix: &str, rate: f64, secs: u64, keyed: bool) -> anyhow::Result<()> {
     let names = Names::new(prefix);
     let config = Arc::new(config(prefix)?);
     let n = (rate * secs as f64) as u64;
@@ -466,12 +484,13 @@ fn load(prefix: &str, rate: f64, secs: u64) -> anyhow::Result<()> {
         let scheduled = t0 + due.as_micros() as u64;
         let payload = format!("{scheduled:>20},{pad}");
         let key = format!("e-{i}");
-        send(
-            &producer,
-            BaseRecord::to(&names.events)
-                .key(key.as_bytes())
-                .payload(payload.as_bytes()),
-        )?;
+        let mut r = BaseRecord::to(&names.events)
+            .key(key.as_bytes())
+            .payload(payload.as_bytes());
+        if keyed {
+            r = r.partition(partition_for(key_hash(&key), PARTITIONS));
+        }
+        send(&producer, r)?;
     }
     producer.flush(CALL)?;
     let (got, h) = reader
@@ -492,12 +511,18 @@ fn main() -> anyhow::Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let mode = args.first().map_or("split", String::as_str);
     if mode == "load" {
-        return load(&args[1], args[2].parse()?, args[3].parse()?);
+        return load(
+            &args[1],
+            args[2].parse()?,
+            args[3].parse()?,
+            args[4] == "keyed",
+        );
     }
     anyhow::ensure!(
-        ["split", "split-async", "merged"].contains(&mode),
-        "mode must be split, split-async or merged, not {mode}"
+        ["split", "split-async", "merged", "direct"].contains(&mode),
+        "mode must be split, split-async, merged or direct, not {mode}"
     );
+    DIRECT.store(mode == "direct", Ordering::Relaxed);
     let rate: f64 = args.get(1).map_or(Ok(8000.0), |s| s.parse())?;
     let secs: u64 = args.get(2).map_or(Ok(15), |s| s.parse())?;
     let with_headers = args.get(3).is_some_and(|a| a == "headers");
@@ -556,10 +581,13 @@ fn main() -> anyhow::Result<()> {
     }
 
     let cpu0 = hookline_bench::stages::cpu_seconds(std::process::id())?;
+    let busy0 = hookline_bench::stages::machine_busy_seconds()?;
+    let keyed = if mode == "direct" { "keyed" } else { "any" };
     let status = std::process::Command::new(std::env::current_exe()?)
-        .args(["load", &prefix, &rate.to_string(), &secs.to_string()])
+        .args(["load", &prefix, &rate.to_string(), &secs.to_string(), keyed])
         .status()?;
     let cpu = hookline_bench::stages::cpu_seconds(std::process::id())? - cpu0;
+    let busy = hookline_bench::stages::machine_busy_seconds()? - busy0;
     stop.store(true, Ordering::Relaxed);
     for t in threads {
         t.join()
@@ -567,9 +595,10 @@ fn main() -> anyhow::Result<()> {
     }
     let n = relayed.load(Ordering::Relaxed);
     println!(
-        "{mode}{} at {rate} records/s for {secs} s: relayed {n}, relay CPU {cpu:.2} s = {:.1} µs per record",
+        "{mode}{} at {rate} records/s for {secs} s: relayed {n}, relay CPU {cpu:.2} s = {:.1} µs per record; machine {busy:.2} s = {:.1} µs per record",
         if with_headers { " with headers" } else { "" },
-        cpu * 1e6 / n.max(1) as f64
+        cpu * 1e6 / n.max(1) as f64,
+        busy * 1e6 / n.max(1) as f64
     );
     anyhow::ensure!(status.success(), "load failed: {status}");
     for t in [&names.events, &names.dedupe, &names.out, &names.state] {
