@@ -4585,6 +4585,7 @@ rd_kafka_handle_idempotent_Produce_success(rd_kafka_broker_t *rkb,
         rd_kafka_toppar_t *rktp = batch->rktp;
         char fatal_err[512];
         uint64_t first_msgid, last_msgid;
+        rd_bool_t gap_bump = rd_false; /* hookline patch 4, below */
 
         *fatal_err = '\0';
 
@@ -4602,7 +4603,29 @@ rd_kafka_handle_idempotent_Produce_success(rd_kafka_broker_t *rkb,
          * In this case trigger delivery reports for all messages
          * in queue until we hit a non-acked message msgid. */
         if (unlikely(rktp->rktp_eos.acked_msgid < first_msgid - 1)) {
-                rd_kafka_dr_implicit_ack(rkb, rktp, last_msgid);
+                /* hookline patch 4 (vendor/rdkafka-sys/PATCHED.md): do not
+                 * ack the earlier messages implicitly. R2's success proves
+                 * nothing about R1 when R2 was written by a new leader that
+                 * had no state for this producer id on the partition (its
+                 * first writes there were never replicated): the broker then
+                 * takes any sequence number (KIP-360), and R1's messages,
+                 * left only on the old leader past its high watermark, are
+                 * truncated. Acking them lost them silently
+                 * (confluentinc/confluent-kafka-go#921). Instead, keep them
+                 * queued and bump the epoch once the partition is drained,
+                 * as for skipped sequence numbers: they are sent again under
+                 * the new epoch. At worst a message R1 did persist is
+                 * written twice; none is reported delivered unwritten. */
+                rd_rkb_log(rkb, LOG_WARNING, "GAPBUMP",
+                           "%.*s [%" PRId32
+                           "] batch at msgid %" PRIu64
+                           " succeeded with msgids after %" PRIu64
+                           " unacknowledged: bumping the epoch to resend "
+                           "them",
+                           RD_KAFKAP_STR_PR(rktp->rktp_rkt->rkt_topic),
+                           rktp->rktp_partition, first_msgid,
+                           rktp->rktp_eos.acked_msgid);
+                gap_bump = rd_true;
 
         } else if (unlikely(batch->first_seq != rktp->rktp_eos.next_ack_seq &&
                             batch->first_seq == rktp->rktp_eos.next_err_seq)) {
@@ -4660,6 +4683,13 @@ rd_kafka_handle_idempotent_Produce_success(rd_kafka_broker_t *rkb,
                 rktp->rktp_eos.acked_msgid = last_msgid;
 
         rd_kafka_toppar_unlock(rktp);
+
+        /* hookline patch 4: after releasing the toppar lock, as the error
+         * path does for skipped sequence numbers. */
+        if (unlikely(gap_bump))
+                rd_kafka_idemp_drain_epoch_bump(
+                    rk, RD_KAFKA_RESP_ERR_OUT_OF_ORDER_SEQUENCE_NUMBER,
+                    "batch acknowledged past unacknowledged messages");
 
         /* Must call set_fatal_error() after releasing
          * the toppar lock. */
