@@ -2,7 +2,7 @@
 //! low can the deduper's CPU per record go with librdkafka at a given rate? Runs, against the
 //! local broker, a bare relay whose clients are built by the stages' own functions
 //! (`pipeline_consumer_config`, `producer_config`: fetch and linger tuning, idempotence, lz4,
-//! `read_committed`) with stage B's transaction settings and its 25 ms interval:
+//! `read_committed`) with stage B's transaction settings and its interval (`dedupe.batch_interval`, 25 ms):
 //!
 //! - `split`: the deduper's four clients. Hop 1: a consumer of `events` and an idempotent producer
 //!   to `dedupe` (partition by key hash), offsets stored when acknowledged. Hop 2: a
@@ -61,12 +61,13 @@ const PARTITIONS: i32 = 6;
 /// A relay thread's body; it sets the flag once its consumer has its assignment.
 type Relay = Box<dyn FnOnce(&AtomicBool) -> anyhow::Result<()> + Send>;
 
-/// Stage B's transaction interval: its default (`dedupe.batch_interval`), or `FLOOR_TXN_MS`.
-fn txn_interval() -> Duration {
-    let ms = std::env::var("FLOOR_TXN_MS")
+/// Stage B's transaction interval: `FLOOR_TXN_MS`, else the stage's own default
+/// (`dedupe.batch_interval` of the probe's config).
+fn txn_interval(config: &Config) -> Duration {
+    std::env::var("FLOOR_TXN_MS")
         .ok()
-        .and_then(|v| v.parse().ok());
-    Duration::from_millis(ms.unwrap_or(25))
+        .and_then(|v| v.parse().ok())
+        .map_or(config.dedupe.batch_interval, Duration::from_millis)
 }
 const CALL: Duration = Duration::from_secs(30);
 
@@ -356,7 +357,7 @@ fn txn_relay(
     ready.store(true, Ordering::Relaxed);
     let mut offsets: HashMap<(String, i32), i64> = HashMap::new();
     let mut started: Option<Instant> = None;
-    let interval = txn_interval();
+    let interval = txn_interval(config);
     loop {
         let stopping = stop.load(Ordering::Relaxed);
         if let Some(at) = started {
