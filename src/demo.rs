@@ -28,6 +28,7 @@ use rdkafka::producer::{FutureProducer, FutureRecord};
 use serde_json::json;
 
 use hookline_common::config::{Config, LogConfig, LogFormat};
+use hookline_common::contract::keyhash::Placement;
 use hookline_common::contract::secret::decode_secret;
 use hookline_common::contract::topics;
 use hookline_common::kafka;
@@ -398,6 +399,7 @@ async fn produce_with(
         anyhow::bail!("--rate must be a positive number of records per second");
     }
     let topic = topics::Topics::new(&config.topics.prefix).events();
+    let placement = Placement::new(config);
     let producer: FutureProducer = kafka::producer_config(config)
         .create()
         .context("creating the Kafka producer")?;
@@ -418,7 +420,7 @@ async fn produce_with(
         let id = format!("demo-{run}-{n}");
         let value = demo_event(&id, n, None).to_string();
         tick.tick().await;
-        send(&producer, &topic, &id, &value).await?;
+        send(&producer, &topic, &id, &value, placement.as_ref()).await?;
         fresh += 1;
         if let Some(v) = &view {
             v.produced(fresh, duplicates);
@@ -430,7 +432,7 @@ async fn produce_with(
             let value = demo_event(&id, earlier, Some(duplicates)).to_string();
             let key = format!("{id}-resend-{duplicates}");
             tick.tick().await;
-            send(&producer, &topic, &key, &value).await?;
+            send(&producer, &topic, &key, &value, placement.as_ref()).await?;
             if let Some(v) = &view {
                 v.produced(fresh, duplicates);
             }
@@ -457,12 +459,15 @@ async fn send(
     topic: &str,
     key: &str,
     value: &str,
+    placement: Option<&Placement>,
 ) -> anyhow::Result<()> {
+    let mut record = FutureRecord::to(topic).key(key).payload(value);
+    // On the partition the deduper owns the event's key by (`dedupe.direct`).
+    if let Some(p) = placement.and_then(|p| p.partition(value.as_bytes())) {
+        record = record.partition(p);
+    }
     producer
-        .send(
-            FutureRecord::to(topic).key(key).payload(value),
-            Duration::from_secs(30),
-        )
+        .send(record, Duration::from_secs(30))
         .await
         .map_err(|(e, _)| e)
         .with_context(|| format!("producing to {topic}"))?;

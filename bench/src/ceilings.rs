@@ -179,6 +179,7 @@ pub async fn kafka(
         &["main".to_string()],
         None,
         payload_bytes,
+        None,
     )
     .await?;
     let end = tokio::task::spawn_blocking(move || reader.join())

@@ -6,7 +6,9 @@
 //! - `produce`: scheduled send → CreateTime on `<p>.events` (the bench's producer falling behind);
 //! - `validate`: `<p>.events` → `<p>.dedupe` (stage A's fetch and processing);
 //! - `dedupe`: `<p>.dedupe` → `<p>.dispatch` (stage A's linger and produce, stage B's fetch and
-//!   processing; stage B's transaction is still open when this record is stamped);
+//!   processing; stage B's transaction is still open when this record is stamped). An event
+//!   stage B read in place on `<p>.events` (`dedupe.direct`) has no `validate` hop and its
+//!   `dedupe` hop is `<p>.events` → `<p>.dispatch`;
 //! - `dispatch`: `<p>.dispatch` → receipt at the sink (stage B's transaction interval and commit,
 //!   read_committed visibility, the dispatcher's fetch and the POST).
 //!
@@ -165,7 +167,14 @@ pub fn measure(
             Some((*recv_ns / 1_000_000) as i64),
         ];
         for (i, h) in hists.iter_mut().enumerate() {
-            if let (Some(a), Some(b)) = (points[i], points[i + 1]) {
+            // Read in place by stage B (`dedupe.direct`): no `<p>.dedupe` record, and its
+            // `dedupe` hop starts on `<p>.events`.
+            let from = if i == 2 {
+                points[2].or(points[1])
+            } else {
+                points[i]
+            };
+            if let (Some(a), Some(b)) = (from, points[i + 1]) {
                 // Clamped at 1 ms: ms stamps from clients that round differently.
                 h.saturating_record((b - a).max(1) as u64);
             }

@@ -141,7 +141,12 @@ pub async fn run(opts: Options) -> anyhow::Result<Report> {
     let t = Topics::new(&prefix);
     let hops = vec![
         lag::Hop {
-            group: config.group_id("deduper.validate"),
+            // `dedupe.direct`: stage B reads `<p>.events` and commits its offsets.
+            group: config.group_id(if config.dedupe.direct {
+                "deduper.dedupe"
+            } else {
+                "deduper.validate"
+            }),
             topic: t.events(),
         },
         lag::Hop {
@@ -479,8 +484,14 @@ fn stage_config(opts: &Options, prefix: &str, sink: &sink::Sink) -> String {
     if opts.no_delivery_log {
         t.push_str("\n[control]\ndelivery_log = false\n");
     }
+    if opts.batch_interval.is_some() || opts.split_deduper {
+        t.push_str("\n[dedupe]\n");
+    }
     if let Some(d) = opts.batch_interval {
-        let _ = write!(t, "\n[dedupe]\nbatch_interval = \"{}ms\"\n", d.as_millis());
+        let _ = writeln!(t, "batch_interval = \"{}ms\"", d.as_millis());
+    }
+    if opts.split_deduper {
+        t.push_str("direct = false\n");
     }
     if !opts.stage_kafka_options.is_empty() {
         t.push_str("\n[kafka.options]\n");

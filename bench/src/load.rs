@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 use futures::stream::{FuturesUnordered, StreamExt};
+use hookline_common::contract::keyhash::Placement;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
@@ -115,6 +116,7 @@ pub async fn produce(
     tenants: &[String],
     rate: Option<f64>,
     payload_bytes: usize,
+    placement: Option<&Placement>,
 ) -> anyhow::Result<Produced> {
     let start = Instant::now() + Duration::from_millis(20);
     let start_ns = unix_ns() + 20_000_000;
@@ -170,6 +172,10 @@ pub async fn produce(
             Planned::Invalid => (format!("bad-{i}"), format!("not json {i}").into_bytes()),
         };
         let mut record = FutureRecord::to(topic).key(&key).payload(&value);
+        // Placed by dedupe key, as a producer that follows docs/delivery.md does.
+        if let Some(p) = placement.and_then(|p| p.partition(&value)) {
+            record = record.partition(p);
+        }
         loop {
             match producer.send_result(record) {
                 Ok(ack) => {

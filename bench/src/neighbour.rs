@@ -20,6 +20,7 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
+use hookline_common::contract::keyhash::Placement;
 use hookline_common::contract::topics::Topics;
 
 use crate::load::{self, Mix, Planned};
@@ -122,6 +123,7 @@ async fn warm_up(ctx: &Ctx<'_>, topic: &str, tag: &str, quiet: &Mix) -> anyhow::
         &["main".to_string()],
         None,
         quiet.payload_bytes,
+        Placement::new(ctx.config).as_ref(),
     )
     .await?;
     let until = Instant::now() + Duration::from_secs(60);
@@ -192,6 +194,7 @@ pub async fn run(
             &[TENANT.to_string()],
             None,
             mix.payload_bytes,
+            Placement::new(ctx.config).as_ref(),
         )
         .await?;
         let first = wait_limited(ctx, &ltag, backlog, 1, Duration::from_secs(60)).await;

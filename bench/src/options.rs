@@ -74,6 +74,10 @@ pub struct Options {
     #[arg(long, value_parser = humantime::parse_duration)]
     #[serde(with = "opt_secs")]
     pub batch_interval: Option<Duration>,
+    /// Run the stages with `dedupe.direct = false` (stage A re-partitions every event onto
+    /// `<p>.dedupe`), to measure the hop `dedupe.direct` saves.
+    #[arg(long)]
+    pub split_deduper: bool,
     /// Run the stages with `control.delivery_log = false`, to measure the delivery log's cost.
     #[arg(long)]
     pub no_delivery_log: bool,

@@ -14,6 +14,7 @@ use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
 use rdkafka::producer::FutureProducer;
 
 use hookline_common::config::Config;
+use hookline_common::contract::keyhash::Placement;
 use hookline_common::contract::topics::Topics;
 
 use crate::hops;
@@ -121,6 +122,7 @@ pub async fn run(ctx: &mut Ctx<'_>, spec: &RunSpec) -> anyhow::Result<RunResult>
 
     let sink = ctx.sink;
     let events = Topics::new(&ctx.config.topics.prefix).events();
+    let placement = Placement::new(ctx.config);
     let producing = load::produce(
         ctx.producer,
         &events,
@@ -128,6 +130,7 @@ pub async fn run(ctx: &mut Ctx<'_>, spec: &RunSpec) -> anyhow::Result<RunResult>
         &spec.tenants,
         spec.rate,
         spec.payload_bytes,
+        placement.as_ref(),
     );
     let ticker = async {
         loop {

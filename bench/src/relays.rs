@@ -138,6 +138,7 @@ pub async fn measure(
         &["main".to_string()],
         None,
         payload_bytes,
+        None,
     )
     .await?;
     let deadline = start + WITHIN;

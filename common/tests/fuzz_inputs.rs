@@ -1079,7 +1079,13 @@ mod config {
         ("input", &["max_payload_bytes", "max_key_bytes"]),
         (
             "dedupe",
-            &["window", "keys", "batch_interval", "batch_max_records"],
+            &[
+                "window",
+                "keys",
+                "batch_interval",
+                "batch_max_records",
+                "direct",
+            ],
         ),
         ("[dedupe.keys]", &["type", "pointers"]),
         ("retry", &["schedule"]),

@@ -1,9 +1,17 @@
-//! Stage B: exactly-once dedupe of `<p>.dedupe` into `<p>.dispatch`.
+//! Stage B: exactly-once dedupe of `<p>.dedupe` (and, with `dedupe.direct`, `<p>.events`) into
+//! `<p>.dispatch`.
 //!
 //! Per `<p>.dedupe` partition a [`SeenSet`] holds the keys first seen within the window. A first
 //! sighting is forwarded to `<p>.dispatch` (same partition number) and appended to the changelog
 //! `<p>.dedupe-state` (same partition number: key = 16-byte key hash, value = 4-byte first-seen
 //! unix seconds); later sightings are dropped and counted.
+//!
+//! Direct (`dedupe.direct`, see [`Direct`]): events partition `n` is read with dedupe partition
+//! `n` and judged by stage A's rules; an event whose key hashes to `n` meets seen-set `n` at once,
+//! any other is forwarded to `<p>.dedupe` on its key's partition, an invalid record quarantined —
+//! each in the open transaction, whose offsets then cover both topics. The restore reads the
+//! committed offsets of both partitions (stable), since a transaction writing changelog `n` may
+//! have consumed either.
 //!
 //! Exactly-once: the dispatch records, the changelog records and the consumed offsets of a batch
 //! are committed in one Kafka transaction (KIP-447 `send_offsets_to_transaction` with the
@@ -50,6 +58,7 @@ use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::{Offset, TopicPartitionList};
 
 use hookline_common::config::Config;
+use hookline_common::contract::envelope::Validator;
 use hookline_common::contract::event_headers::EventHeaders;
 use hookline_common::contract::keyhash::key_hash;
 use hookline_common::contract::quarantine::{self, Source};
@@ -62,10 +71,11 @@ use hookline_common::kafka::{
 use hookline_common::runtime::ops::StageProbe;
 use hookline_common::runtime::shutdown::Shutdown;
 
-use crate::metrics::DedupeMetrics;
+use crate::metrics::{DedupeMetrics, ValidateMetrics};
 use crate::rebalance::DedupeContext;
 use crate::restore::{restore, Restored};
 use crate::txn::{transactional_id, transactional_producer, TxnProducer};
+use crate::validate::{downstream_topics, Admission, Admitted};
 
 pub use crate::restore::{restore_for_bench, RestoreStats};
 use crate::seen::SeenSet;
@@ -98,9 +108,23 @@ pub async fn run(
     let metrics = DedupeMetrics::new(&registry).context("registering stage B metrics")?;
     check_partitions(&config).await?;
     let topics = Topics::new(&config.topics.prefix);
-    let limits = Limits::fetch(&config, vec![topics.dispatch(), topics.invalid()])
-        .await
-        .context("reading topic size limits")?;
+    // Reading `<p>.events` itself, stage B admits events by size the way stage A does: against
+    // every topic an event may travel to.
+    let limited = if config.dedupe.direct {
+        downstream_topics(&config, &topics)
+    } else {
+        vec![topics.dispatch(), topics.invalid()]
+    };
+    let limits = Arc::new(
+        Limits::fetch(&config, limited)
+            .await
+            .context("reading topic size limits")?,
+    );
+    let validate_metrics = if config.dedupe.direct {
+        Some(ValidateMetrics::new(&registry).context("registering validation metrics")?)
+    } else {
+        None
+    };
     let stop = Arc::new(AtomicBool::new(false));
     let (done_tx, done_rx) = tokio::sync::oneshot::channel();
     let thread_stop = stop.clone();
@@ -112,6 +136,7 @@ pub async fn run(
             let result = run_blocking(
                 config,
                 metrics,
+                validate_metrics,
                 limits,
                 produce_errors,
                 probe,
@@ -142,16 +167,48 @@ pub async fn run(
 /// of input partition `n` lives in changelog partition `n`: with fewer, a partition could not be
 /// restored nor its first sightings recorded; with more, state would be split from its input)
 /// and `<p>.dispatch` at least as many (first sightings keep their partition number).
+///
+/// Reading `<p>.events` itself (`dedupe.direct`), it also needs `<p>.events` and `<p>.dedupe` to
+/// have `topics.partitions` partitions: events partition `n` is read by the owner of dedupe
+/// partition `n`, and an event is already in place when its key hashes to `n`.
 async fn check_partitions(config: &Config) -> anyhow::Result<()> {
     let topics = Topics::new(&config.topics.prefix);
     let (dedupe, state, dispatch) = (topics.dedupe(), topics.dedupe_state(), topics.dispatch());
-    let found = require_topics(
-        config,
-        vec![dedupe.clone(), state.clone(), dispatch.clone()],
-        TOPICS_WAIT,
-    )
-    .await?;
-    partition_counts_agree(&found, &dedupe, &state, &dispatch)
+    let mut wanted = vec![dedupe.clone(), state.clone(), dispatch.clone()];
+    if config.dedupe.direct {
+        wanted.push(topics.events());
+    }
+    let found = require_topics(config, wanted, TOPICS_WAIT).await?;
+    partition_counts_agree(&found, &dedupe, &state, &dispatch)?;
+    if config.dedupe.direct {
+        direct_partitions_agree(&found, &topics.events(), &dedupe, config.topics.partitions)?;
+    }
+    Ok(())
+}
+
+fn direct_partitions_agree(
+    found: &BTreeMap<String, i32>,
+    events: &str,
+    dedupe: &str,
+    configured: i32,
+) -> anyhow::Result<()> {
+    let count = |t: &str| found.get(t).copied().unwrap_or(0);
+    let (n_events, n_dedupe) = (count(events), count(dedupe));
+    if n_dedupe != configured {
+        bail!(
+            "topic {dedupe} has {n_dedupe} partitions but topics.partitions = {configured}; \
+             dedupe keys are placed by partition count, so they must agree"
+        );
+    }
+    if n_events != n_dedupe {
+        bail!(
+            "{events} has {n_events} partitions but {dedupe} has {n_dedupe}: with \
+             dedupe.direct = true stage B reads {events} partition n with {dedupe} partition n, \
+             so they must have as many; set dedupe.direct = false (stage A re-partitions every \
+             event) or give {events} {n_dedupe} partitions"
+        );
+    }
+    Ok(())
 }
 
 fn partition_counts_agree(
@@ -196,6 +253,29 @@ pub(crate) enum PartState {
     Ready(SeenSet),
 }
 
+/// The two topics stage B may read: partition `n` of each belongs to seen-set `n`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) enum Input {
+    Dedupe,
+    Events,
+}
+
+/// Stage B reading `<p>.events` itself (`dedupe.direct`): the hop through stage A and
+/// `<p>.dedupe` skipped for every event already on the partition its dedupe key hashes to.
+///
+/// Events partition `n` goes with dedupe partition `n`, whatever the group's assignor does: it is
+/// read by a second consumer, assigned by hand exactly while this member owns dedupe partition
+/// `n` and its seen-set is restored, from the position the restore read (the group's committed
+/// offset of events `n`, committed in stage B's transactions with dedupe `n`'s). That consumer
+/// never joins the group and never commits.
+pub(crate) struct Direct {
+    pub(crate) admission: Admission,
+    pub(crate) reader: Arc<BaseConsumer>,
+    /// Events partitions assigned to the reader → offset of the next record to process (a
+    /// record below it was fetched before a rewind: skipped).
+    pub(crate) next: HashMap<i32, i64>,
+}
+
 /// Everything the poll loop and the rebalance callbacks share.
 pub(crate) struct Core {
     pub(crate) config: Arc<Config>,
@@ -206,15 +286,18 @@ pub(crate) struct Core {
     /// When the producer was replaced, within the recovery window.
     pub(crate) recoveries: Vec<Instant>,
     pub(crate) metrics: DedupeMetrics,
-    /// Size limits of `<p>.dispatch` and `<p>.invalid`: a record that does not fit is
-    /// quarantined, never sent to fail the transaction over and over.
-    pub(crate) limits: Limits,
+    /// Size limits of `<p>.dispatch` and `<p>.invalid` (and, reading `<p>.events`, of every topic
+    /// an event may travel to): a record that does not fit is quarantined, never sent to fail the
+    /// transaction over and over.
+    pub(crate) limits: Arc<Limits>,
     pub(crate) produce_errors: ProduceErrors,
     pub(crate) parts: HashMap<i32, PartState>,
     pub(crate) next_generation: u64,
     pub(crate) restore_tx: mpsc::Sender<anyhow::Result<Restored>>,
-    /// Offsets (next to read) of records consumed in the open transaction.
-    pub(crate) batch: HashMap<i32, i64>,
+    /// Offsets (next to read) of records consumed in the open transaction, per input partition.
+    pub(crate) batch: HashMap<(Input, i32), i64>,
+    /// Reading `<p>.events` itself (`dedupe.direct`).
+    pub(crate) direct: Option<Direct>,
     pub(crate) batch_records: usize,
     pub(crate) txn_open: bool,
     pub(crate) txn_started: Instant,
@@ -251,6 +334,7 @@ impl Core {
     }
 
     pub(crate) fn start_restore(&mut self, partition: i32) {
+        self.events_detach(partition);
         self.next_generation += 1;
         let generation = self.next_generation;
         self.parts
@@ -278,7 +362,59 @@ impl Core {
             .emit_restored(r.partition, r.records, r.seen.len(), r.elapsed);
         self.to_resume.push((r.partition, r.committed));
         self.parts.insert(r.partition, PartState::Ready(r.seen));
+        if let Some(at) = r.events_committed {
+            self.events_attach(r.partition, at);
+        }
         self.update_ready();
+    }
+
+    /// Starts reading events partition `partition` at `at` (its seen-set is restored).
+    fn events_attach(&mut self, partition: i32, at: Offset) {
+        let Some(direct) = &mut self.direct else {
+            return;
+        };
+        if direct.next.contains_key(&partition) {
+            // Never two positions for one partition: start over from `at`.
+            self.events_detach(partition);
+            return self.events_attach(partition, at);
+        }
+        let events = self.topics.events();
+        let mut tpl = TopicPartitionList::new();
+        let added = tpl
+            .add_partition_offset(&events, partition, at)
+            .and_then(|()| direct.reader.incremental_assign(&tpl));
+        match added {
+            Ok(()) => {
+                let next = match at {
+                    Offset::Offset(o) => o,
+                    _ => 0,
+                };
+                direct.next.insert(partition, next);
+                tracing::debug!(partition, offset = ?at, "reading events partition");
+            }
+            Err(e) => {
+                self.fatal.get_or_insert(anyhow::anyhow!(
+                    "assigning {events} partition {partition} at {at:?} to the events reader: {e}"
+                ));
+            }
+        }
+    }
+
+    /// Stops reading events partition `partition` (its seen-set is revoked or being restored).
+    pub(crate) fn events_detach(&mut self, partition: i32) {
+        let Some(direct) = &mut self.direct else {
+            return;
+        };
+        if direct.next.remove(&partition).is_none() {
+            return;
+        }
+        let mut tpl = TopicPartitionList::new();
+        tpl.add_partition(&self.topics.events(), partition);
+        if let Err(e) = direct.reader.incremental_unassign(&tpl) {
+            self.fatal.get_or_insert(anyhow::anyhow!(
+                "unassigning events partition {partition} from the events reader: {e}"
+            ));
+        }
     }
 
     /// Handles one record of `<p>.dedupe`.
@@ -325,56 +461,154 @@ impl Core {
                     });
                 }
             }
-            let dispatch = self.topics.dispatch();
-            let size = hookline_common::kafka::recordsize::record_bytes(
-                msg.key().map_or(0, <[u8]>::len),
-                msg.payload().map_or(0, <[u8]>::len),
-                hookline_common::kafka::recordsize::headers_bytes(
-                    headers
-                        .iter()
-                        .map(|hd| (hd.key, hd.value.map_or(0, <[u8]>::len))),
-                ),
-            );
-            let limit = self.limits.limit(&dispatch);
-            let refused = if size > limit {
-                Some(format!(
-                    "the record is {size} bytes, the limit of {dispatch} is {limit}"
-                ))
-            } else {
-                let mut rec: BaseRecord<'_, [u8], [u8]> = BaseRecord::to(&dispatch)
-                    .partition(partition)
-                    .headers(headers);
-                if let Some(k) = msg.key() {
-                    rec = rec.key(k);
-                }
-                if let Some(v) = msg.payload() {
-                    rec = rec.payload(v);
-                }
-                self.send(rec)?
-                    .map(|e| format!("kafka refused the record for {dispatch}: {e}"))
-            };
-            if let Some(problem) = refused {
-                // Not written by stage A (which admits only what fits every hop), or a limit
-                // lowered since: quarantine it inside this transaction and move on.
-                self.quarantine_too_large(msg, &problem)?;
-            }
-            if let Some(k) = &key {
-                let state_topic = self.topics.dedupe_state();
-                let hash = key_hash(k).to_be_bytes();
-                let at = now.to_be_bytes();
-                let rec: BaseRecord<'_, [u8], [u8]> = BaseRecord::to(&state_topic)
-                    .partition(partition)
-                    .key(&hash[..])
-                    .payload(&at[..]);
-                self.send(rec)?;
-            }
-            self.metrics.emit_forwarded();
+            let hash = key.as_deref().map(key_hash);
+            self.forward_first(msg, hash, now, msg.key(), msg.payload(), headers)?;
         } else {
             self.metrics.emit_duplicate();
         }
-        self.batch.insert(partition, offset + 1);
+        self.batch.insert((Input::Dedupe, partition), offset + 1);
         self.batch_records += 1;
         Ok(())
+    }
+
+    /// Handles one record of `<p>.events` (`dedupe.direct`): judged as stage A would; an event on
+    /// the partition its key hashes to is deduped here, any other is forwarded to `<p>.dedupe`,
+    /// an invalid record quarantined, all in the open transaction.
+    fn process_event(&mut self, msg: &BorrowedMessage<'_>) -> anyhow::Result<()> {
+        let (partition, offset) = (msg.partition(), msg.offset());
+        let Some(direct) = &self.direct else {
+            return Ok(());
+        };
+        // Fetched before a rewind or a revoke: its partition is read again from the position the
+        // restore finds, or by its new owner.
+        let current = direct
+            .next
+            .get(&partition)
+            .is_some_and(|next| offset >= *next);
+        if !current || !matches!(self.parts.get(&partition), Some(PartState::Ready(_))) {
+            return Ok(());
+        }
+        let admitted = direct.admission.judge(msg);
+        self.begin_if_needed()?;
+        match admitted {
+            Admitted::Valid { record, hash } if record.partition == Some(partition) => {
+                let now = unix_secs();
+                let first = match self.parts.get_mut(&partition) {
+                    Some(PartState::Ready(seen)) => seen.check_and_insert(hash, now),
+                    _ => true,
+                };
+                if first {
+                    self.forward_first(
+                        msg,
+                        Some(hash),
+                        now,
+                        record.key.as_deref(),
+                        record.value.as_deref(),
+                        record.headers,
+                    )?;
+                } else {
+                    self.metrics.emit_duplicate();
+                }
+            }
+            Admitted::Valid { record, .. } => {
+                // On another partition than its key's: its seen-set is dedupe partition
+                // `record.partition`'s, reached through `<p>.dedupe`.
+                if let Some(e) = self.send_owned(&record)? {
+                    let problem = format!("kafka refused the record for {}: {e}", record.topic);
+                    self.quarantine_too_large(msg, &problem)?;
+                }
+                self.metrics.emit_rekeyed();
+            }
+            Admitted::Invalid(record) => {
+                if let Some(e) = self.send_owned(&record)? {
+                    if let Some(direct) = &self.direct {
+                        direct.admission.metrics.emit_dropped(partition, offset, &e);
+                    }
+                }
+            }
+        }
+        if let Some(direct) = &mut self.direct {
+            direct.next.insert(partition, offset + 1);
+        }
+        self.batch.insert((Input::Events, partition), offset + 1);
+        self.batch_records += 1;
+        Ok(())
+    }
+
+    /// Writes a first sighting to `<p>.dispatch` (same partition as `msg`) and, when it has a
+    /// key, its changelog record, in the open transaction. A record that does not fit is
+    /// quarantined as `record_too_large` instead.
+    fn forward_first(
+        &mut self,
+        msg: &BorrowedMessage<'_>,
+        hash: Option<u128>,
+        now: u32,
+        key: Option<&[u8]>,
+        payload: Option<&[u8]>,
+        headers: OwnedHeaders,
+    ) -> anyhow::Result<()> {
+        let partition = msg.partition();
+        let dispatch = self.topics.dispatch();
+        let size = hookline_common::kafka::recordsize::record_bytes(
+            key.map_or(0, <[u8]>::len),
+            payload.map_or(0, <[u8]>::len),
+            hookline_common::kafka::recordsize::headers_bytes(
+                headers
+                    .iter()
+                    .map(|hd| (hd.key, hd.value.map_or(0, <[u8]>::len))),
+            ),
+        );
+        let limit = self.limits.limit(&dispatch);
+        let refused = if size > limit {
+            Some(format!(
+                "the record is {size} bytes, the limit of {dispatch} is {limit}"
+            ))
+        } else {
+            let mut rec: BaseRecord<'_, [u8], [u8]> = BaseRecord::to(&dispatch)
+                .partition(partition)
+                .headers(headers);
+            if let Some(k) = key {
+                rec = rec.key(k);
+            }
+            if let Some(v) = payload {
+                rec = rec.payload(v);
+            }
+            self.send(rec)?
+                .map(|e| format!("kafka refused the record for {dispatch}: {e}"))
+        };
+        if let Some(problem) = refused {
+            // Not admitted by stage A's rules (which admit only what fits every hop), or a
+            // limit lowered since: quarantine it inside this transaction and move on.
+            self.quarantine_too_large(msg, &problem)?;
+        }
+        if let Some(hash) = hash {
+            let state_topic = self.topics.dedupe_state();
+            let hash = hash.to_be_bytes();
+            let at = now.to_be_bytes();
+            let rec: BaseRecord<'_, [u8], [u8]> = BaseRecord::to(&state_topic)
+                .partition(partition)
+                .key(&hash[..])
+                .payload(&at[..]);
+            self.send(rec)?;
+        }
+        self.metrics.emit_forwarded();
+        Ok(())
+    }
+
+    /// Enqueues `record` in the open transaction (see [`Core::send`]).
+    fn send_owned(&mut self, record: &OwnedRecord) -> anyhow::Result<Option<KafkaError>> {
+        let mut rec: BaseRecord<'_, [u8], [u8]> =
+            BaseRecord::to(&record.topic).headers(record.headers.clone());
+        if let Some(p) = record.partition {
+            rec = rec.partition(p);
+        }
+        if let Some(k) = &record.key {
+            rec = rec.key(&k[..]);
+        }
+        if let Some(v) = &record.value {
+            rec = rec.payload(&v[..]);
+        }
+        self.send(rec)
     }
 
     /// Enqueues a record in the open transaction. `Ok(Some(e))`: refused for good (e.g. larger
@@ -436,15 +670,7 @@ impl Core {
         );
         self.metrics
             .emit_too_large(msg.partition(), msg.offset(), problem);
-        let mut rec: BaseRecord<'_, [u8], [u8]> =
-            BaseRecord::to(&invalid).headers(record.headers.clone());
-        if let Some(k) = &record.key {
-            rec = rec.key(&k[..]);
-        }
-        if let Some(v) = &record.value {
-            rec = rec.payload(&v[..]);
-        }
-        if let Some(e) = self.send(rec)? {
+        if let Some(e) = self.send_owned(&record)? {
             tracing::error!(
                 partition = msg.partition(),
                 offset = msg.offset(),
@@ -456,10 +682,12 @@ impl Core {
     }
 }
 
+#[allow(clippy::too_many_arguments)]
 fn run_blocking(
     config: Arc<Config>,
     metrics: DedupeMetrics,
-    limits: Limits,
+    validate_metrics: Option<ValidateMetrics>,
+    limits: Arc<Limits>,
     produce_errors: ProduceErrors,
     probe: StageProbe,
     stop: Arc<AtomicBool>,
@@ -477,6 +705,11 @@ fn run_blocking(
     pcfg.set("delivery.report.only.error", "true");
     let producer = transactional_producer(&pcfg, &watchdog)?;
 
+    let direct = match validate_metrics {
+        Some(metrics) => Some(direct_reader(&config, &topics, &limits, metrics)?),
+        None => None,
+    };
+    let reader = direct.as_ref().map(|d| d.reader.clone());
     let (restore_tx, restore_rx) = mpsc::channel();
     let core = Arc::new(Mutex::new(Core {
         config: config.clone(),
@@ -491,6 +724,7 @@ fn run_blocking(
         next_generation: 0,
         restore_tx,
         batch: HashMap::new(),
+        direct,
         batch_records: 0,
         txn_open: false,
         txn_started: Instant::now(),
@@ -539,15 +773,52 @@ fn run_blocking(
             if !unstarted.is_empty() {
                 resume_restored(&consumer, &core, &dedupe_topic, &mut unstarted)?;
             }
-            let polled = consumer.poll(Duration::from_millis(20));
+            // Reading `<p>.events` too: the group consumer (forwarded events, rebalances) is only
+            // looked at, the events reader waited on.
+            let reading_events = lock(&core)
+                .direct
+                .as_ref()
+                .is_some_and(|d| !d.next.is_empty());
+            let mut idle = true;
+            for i in 0..BURST {
+                let wait = if i == 0 && !reading_events { 20 } else { 0 };
+                let polled = consumer.poll(Duration::from_millis(wait));
+                let mut core = lock(&core);
+                if let Some(e) = core.fatal.take() {
+                    return Err(e);
+                }
+                match polled {
+                    Some(Ok(msg)) => core.process(&consumer, &msg)?,
+                    Some(Err(e)) => {
+                        tracing::warn!(error = %e, "consumer error on the dedupe topic");
+                        break;
+                    }
+                    None => break,
+                }
+                idle = false;
+                if core.batch_due() {
+                    break;
+                }
+            }
             let mut core = lock(&core);
             if let Some(e) = core.fatal.take() {
                 return Err(e);
             }
-            match polled {
-                Some(Ok(msg)) => core.process(&consumer, &msg)?,
-                Some(Err(e)) => tracing::warn!(error = %e, "consumer error on the dedupe topic"),
-                None => {}
+            if let (Some(reader), true) = (&reader, reading_events) {
+                for i in 0..BURST {
+                    let wait = Duration::from_millis(if i == 0 && idle { 10 } else { 0 });
+                    match reader.poll(wait) {
+                        Some(Ok(msg)) => core.process_event(&msg)?,
+                        Some(Err(e)) => {
+                            tracing::warn!(error = %e, "consumer error on the events topic");
+                            break;
+                        }
+                        None => break,
+                    }
+                    if core.batch_due() || core.fatal.is_some() {
+                        break;
+                    }
+                }
             }
             if core.batch_due() {
                 core.commit(&consumer, true)?;
@@ -580,12 +851,57 @@ fn run_blocking(
         consumer.unsubscribe();
         drop(consumer);
     });
+    drop(reader);
+    let direct = lock(&core).direct.take();
+    if let Some(direct) = direct {
+        hookline_common::kafka::closing::close_blocking("the events reader", move || drop(direct));
+    }
     stop.store(true, Ordering::Relaxed);
     if result.is_ok() {
         tracing::info!("dedupe stage stopped");
     }
     result
 }
+
+/// Records handled per loop turn at most from each consumer (the group's, the events reader)
+/// before the other is looked at.
+const BURST: usize = 500;
+
+/// The events reader and stage A's judgement, for `dedupe.direct`.
+fn direct_reader(
+    config: &Config,
+    topics: &Topics,
+    limits: &Arc<Limits>,
+    metrics: ValidateMetrics,
+) -> anyhow::Result<Direct> {
+    let mut rcfg = pipeline_consumer_config(config, STAGE);
+    // Assigned by hand, never subscribed nor committing: a group id of its own (librdkafka wants
+    // one for assignments) keeps it apart from stage B's group.
+    rcfg.set(
+        "group.id",
+        format!("{}.events-reader", config.group_id(STAGE)),
+    )
+    .set("enable.auto.commit", "false")
+    .remove("group.instance.id");
+    let reader: BaseConsumer = rcfg.create().context("creating the events reader")?;
+    let admission = Admission {
+        validator: Validator::new(&config.input, &config.dedupe.keys),
+        limits: limits.clone(),
+        downstream: downstream_topics(config, topics),
+        max_key_bytes: config.input.max_key_bytes,
+        dedupe_topic: topics.dedupe(),
+        invalid_topic: topics.invalid(),
+        events_topic: topics.events(),
+        partitions: config.topics.partitions,
+        metrics,
+    };
+    Ok(Direct {
+        admission,
+        reader: Arc::new(reader),
+        next: HashMap::new(),
+    })
+}
+
 /// How long a restored partition may wait for librdkafka to start fetching it before stage B
 /// stops (the orchestrator's restart then gets a fresh assignment).
 const FETCH_START_LIMIT: Duration = Duration::from_secs(120);

@@ -5,7 +5,9 @@
 //!   events by our hash of the dedupe key onto `<p>.dedupe`; [`headers`]: its reading of a
 //!   record's headers (at most [`headers::MAX_HEADERS`], UTF-8 names, parseable).
 //! - [`dedupe`] (stage B): per-partition 24h seen-set, exactly-once forwarding of first
-//!   sightings to `<p>.dispatch`, changelog `<p>.dedupe-state`, restore on assignment.
+//!   sightings to `<p>.dispatch`, changelog `<p>.dedupe-state`, restore on assignment. With
+//!   `dedupe.direct` (the default) it reads `<p>.events` itself, judging each record with stage
+//!   A's [`validate::Admission`], and stage A does not run.
 //! - `rebalance`: stage B's rebalance callbacks (commit before a revoke, restore on assign).
 //! - `restore`: rebuilding a partition's seen-set from the changelog; `txn`: stage B's
 //!   transactional calls retried and classified.
@@ -35,12 +37,16 @@ pub async fn run(
     readiness: Readiness,
     shutdown: Shutdown,
 ) -> anyhow::Result<()> {
-    let probe_a = readiness.register(validate::STAGE);
+    // `dedupe.direct`: stage B reads `<p>.events` itself and stage A does not run.
+    let probe_a = (!config.dedupe.direct).then(|| readiness.register(validate::STAGE));
     let probe_b = readiness.register(dedupe::STAGE);
     // One family for both stages: `hookline_deduper_produce_errors_total{class}`.
     let produce_errors =
         hookline_common::kafka::produce::ProduceErrors::register(&registry, "deduper")?;
     let a = async {
+        let Some(probe_a) = probe_a else {
+            return Ok(());
+        };
         let result = validate::run(
             config.clone(),
             registry.clone(),

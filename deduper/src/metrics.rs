@@ -79,6 +79,7 @@ pub struct DedupeMetrics {
     too_large: IntCounter,
     duplicates: IntCounter,
     unkeyed: IntCounter,
+    rekeyed: IntCounter,
     transactions: IntCounterVec,
     batch_records: prometheus::Histogram,
     restore_seconds: prometheus::Histogram,
@@ -104,6 +105,11 @@ impl DedupeMetrics {
         let unkeyed = IntCounter::with_opts(Opts::new(
             "hookline_deduper_unkeyed_total",
             "Records on <p>.dedupe without a dedupe key header (forwarded, not deduped)",
+        ))?;
+        let rekeyed = IntCounter::with_opts(Opts::new(
+            "hookline_deduper_rekeyed_total",
+            "Events read from <p>.events on another partition than their dedupe key's, forwarded \
+             to <p>.dedupe (dedupe.direct; producers that place events by key make this 0)",
         ))?;
         let transactions = IntCounterVec::new(
             Opts::new(
@@ -142,6 +148,7 @@ impl DedupeMetrics {
         registry.register(Box::new(too_large.clone()))?;
         registry.register(Box::new(duplicates.clone()))?;
         registry.register(Box::new(unkeyed.clone()))?;
+        registry.register(Box::new(rekeyed.clone()))?;
         registry.register(Box::new(transactions.clone()))?;
         registry.register(Box::new(batch_records.clone()))?;
         registry.register(Box::new(restore_seconds.clone()))?;
@@ -156,6 +163,7 @@ impl DedupeMetrics {
             too_large,
             duplicates,
             unkeyed,
+            rekeyed,
             transactions,
             batch_records,
             restore_seconds,
@@ -191,6 +199,12 @@ impl DedupeMetrics {
             "record on the dedupe topic has no dedupe key header; forwarding it undeduped"
         );
         self.unkeyed.inc();
+    }
+
+    /// An event read on another partition than its key's, forwarded to `<p>.dedupe`. Counted,
+    /// not logged: a producer that places events by its own rule makes this every event.
+    pub fn emit_rekeyed(&self) {
+        self.rekeyed.inc();
     }
 
     pub fn emit_commit(&self, records: usize) {

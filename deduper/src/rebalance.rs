@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext, Rebalance};
 use rdkafka::ClientContext;
 
-use crate::dedupe::{lock, Core};
+use crate::dedupe::{lock, Core, Input};
 
 /// The consumer's context: the state the loop and the callbacks share.
 pub(crate) struct DedupeContext {
@@ -27,8 +27,12 @@ impl ConsumerContext for DedupeContext {
                 core.fatal.get_or_insert(e);
             }
             for el in tpl.elements() {
-                core.parts.remove(&el.partition());
-                core.batch.remove(&el.partition());
+                let p = el.partition();
+                core.parts.remove(&p);
+                core.batch.remove(&(Input::Dedupe, p));
+                core.batch.remove(&(Input::Events, p));
+                // Events partition `p` goes with dedupe partition `p` (`dedupe.direct`).
+                core.events_detach(p);
             }
             if lost {
                 core.joined = false;

@@ -26,6 +26,8 @@ pub(crate) struct Restored {
     pub(crate) seen: SeenSet,
     /// The group's committed offset of the input partition (stable), to rewind to.
     pub(crate) committed: Offset,
+    /// `dedupe.direct`: where to read events partition `partition` from.
+    pub(crate) events_committed: Option<Offset>,
     pub(crate) records: u64,
     pub(crate) elapsed: Duration,
 }
@@ -58,16 +60,36 @@ pub(crate) fn restore(
 
     let mut input = TopicPartitionList::new();
     input.add_partition(&topics.dedupe(), partition);
+    let direct = config.dedupe.direct;
+    if direct {
+        // A transaction that wrote this changelog partition consumed dedupe partition `n`, events
+        // partition `n`, or both: the committed offsets of both must be stable.
+        input.add_partition(&topics.events(), partition);
+    }
     // Not stable yet (a transaction is pending: `UnstableOffsetCommit`), or the coordinator is
     // moving: transient, retried.
-    let committed = retry_transient(
+    let found = retry_transient(
         &format!("committed offset of dedupe partition {partition}"),
         || consumer.committed_offsets(input.clone(), Duration::from_secs(15)),
     )
-    .with_context(|| format!("reading committed offsets of dedupe partition {partition}"))?
-    .find_partition(&topics.dedupe(), partition)
-    .map(|e| e.offset())
-    .unwrap_or(Offset::Invalid);
+    .with_context(|| format!("reading committed offsets of dedupe partition {partition}"))?;
+    let offset_of = |topic: &str| {
+        found
+            .find_partition(topic, partition)
+            .map(|e| e.offset())
+            .unwrap_or(Offset::Invalid)
+    };
+    let committed = offset_of(&topics.dedupe());
+    let events_committed = if direct {
+        Some(match offset_of(&topics.events()) {
+            Offset::Offset(o) => Offset::Offset(o),
+            // Never read by stage B yet: where stage A stopped reading it (a switch from
+            // `dedupe.direct = false`), else from the beginning, as stage A starts.
+            _ => stage_a_position(config, partition)?,
+        })
+    } else {
+        None
+    };
 
     let window = config.dedupe.window.as_secs().max(1);
     let mut seen = SeenSet::new(window);
@@ -113,9 +135,40 @@ pub(crate) fn restore(
         generation,
         seen,
         committed,
+        events_committed,
         records,
         elapsed: started.elapsed(),
     })
+}
+
+/// Stage A's committed offset of events partition `partition` (group `deduper.validate`), or
+/// the beginning when it has none. Everything before it was written to `<p>.dedupe` and is
+/// stage B's already; anything after that stage A also wrote is collapsed as a duplicate.
+fn stage_a_position(config: &Config, partition: i32) -> anyhow::Result<Offset> {
+    let topics = Topics::new(&config.topics.prefix);
+    let consumer: BaseConsumer<EofQuietContext> = base_config(config)
+        .set("group.id", config.group_id(crate::validate::STAGE))
+        .set("enable.auto.commit", "false")
+        .create_with_context(EofQuietContext("dedupe restore"))
+        .context("creating a consumer to read stage A's committed offsets")?;
+    let mut tpl = TopicPartitionList::new();
+    tpl.add_partition(&topics.events(), partition);
+    let found = retry_transient(
+        &format!("stage A's committed offset of events partition {partition}"),
+        || consumer.committed_offsets(tpl.clone(), Duration::from_secs(15)),
+    )
+    .with_context(|| {
+        format!("reading stage A's committed offset of events partition {partition}")
+    })?;
+    Ok(
+        match found
+            .find_partition(&topics.events(), partition)
+            .map(|e| e.offset())
+        {
+            Some(Offset::Offset(o)) => Offset::Offset(o),
+            _ => Offset::Beginning,
+        },
+    )
 }
 
 /// What a restore did, for the benchmark harness.

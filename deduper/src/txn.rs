@@ -16,7 +16,7 @@ use hookline_common::config::Config;
 use hookline_common::kafka::produce::flush_acked;
 use hookline_common::kafka::{is_transient, retry_transient};
 
-use crate::dedupe::{Core, STAGE, TXN_CALL_TIMEOUT};
+use crate::dedupe::{Core, Input, STAGE, TXN_CALL_TIMEOUT};
 use crate::rebalance::DedupeContext;
 use crate::watchdog::Watchdog;
 
@@ -238,9 +238,13 @@ impl Core {
         consumer: &BaseConsumer<DedupeContext>,
     ) -> Result<(), TxnFailure> {
         let mut tpl = TopicPartitionList::new();
-        let dedupe = self.topics.dedupe();
-        for (p, o) in &self.batch {
-            tpl.add_partition_offset(&dedupe, *p, Offset::Offset(*o))
+        let (dedupe, events) = (self.topics.dedupe(), self.topics.events());
+        for ((input, p), o) in &self.batch {
+            let topic = match input {
+                Input::Dedupe => &dedupe,
+                Input::Events => &events,
+            };
+            tpl.add_partition_offset(topic, *p, Offset::Offset(*o))
                 .map_err(|e| TxnFailure::Fatal(e.into()))?;
         }
         if tpl.count() > 0 {

@@ -24,7 +24,7 @@ use anyhow::{bail, Context as _};
 use futures::stream::FuturesOrdered;
 use futures::StreamExt;
 use rdkafka::consumer::{CommitMode, Consumer, StreamConsumer};
-use rdkafka::message::{Header, Message};
+use rdkafka::message::{BorrowedMessage, Header, Message};
 use rdkafka::producer::{FutureProducer, Producer};
 use rdkafka::util::Timeout;
 use rdkafka::TopicPartitionList;
@@ -52,7 +52,7 @@ pub const STAGE: &str = "deduper.validate";
 
 /// Every topic a record admitted by stage A may be written to later (its own output, the
 /// quarantine, stage B's output, every tier, the DLQ): admission checks the smallest limit.
-fn downstream_topics(config: &Config, topics: &Topics) -> Vec<String> {
+pub(crate) fn downstream_topics(config: &Config, topics: &Topics) -> Vec<String> {
     let mut out = vec![topics.dedupe(), topics.invalid(), topics.dispatch()];
     out.extend(
         config
@@ -74,6 +74,115 @@ enum Done {
     Stopped,
 }
 
+/// The judgement of one `<p>.events` record: stage A's, and stage B's when it reads `<p>.events`
+/// itself (`dedupe.direct`). Reads the headers through the C API first (see `crate::headers`),
+/// then admits by size and validates the envelope; counts the verdict.
+pub(crate) struct Admission {
+    pub(crate) validator: Validator,
+    pub(crate) limits: Arc<Limits>,
+    /// Every topic an admitted record may travel to ([`downstream_topics`]).
+    pub(crate) downstream: Vec<String>,
+    pub(crate) max_key_bytes: usize,
+    pub(crate) dedupe_topic: String,
+    pub(crate) invalid_topic: String,
+    pub(crate) events_topic: String,
+    /// Partitions of `<p>.dedupe` (key placement).
+    pub(crate) partitions: i32,
+    pub(crate) metrics: ValidateMetrics,
+}
+
+/// What becomes of one `<p>.events` record.
+pub(crate) enum Admitted {
+    /// Valid: its record for `<p>.dedupe`, on the partition its dedupe key hashes to (the
+    /// record's `partition`), with the event headers; `hash` is the dedupe key's hash.
+    Valid { record: OwnedRecord, hash: u128 },
+    /// Its quarantine record for `<p>.invalid` (whole, or the bounded `record_too_large` one).
+    Invalid(OwnedRecord),
+}
+
+impl Admission {
+    pub(crate) fn judge(&self, msg: &BorrowedMessage<'_>) -> Admitted {
+        let (partition, offset) = (msg.partition(), msg.offset());
+        let source = Source {
+            topic: &self.events_topic,
+            partition,
+            offset,
+        };
+        // The headers first: read through the C API, never trusted (see `headers`).
+        let (carried, verdict, dropped_headers) = match headers::read(msg) {
+            Ok(all) => {
+                // Producers cannot spoof our metadata headers.
+                let carried: Vec<(String, Option<Vec<u8>>)> = all
+                    .into_iter()
+                    .filter(|(k, _)| !k.starts_with("hookline-"))
+                    .collect();
+                let carried_bytes = recordsize::headers_bytes(
+                    carried
+                        .iter()
+                        .map(|(k, v)| (k.as_str(), v.as_ref().map_or(0, Vec::len))),
+                );
+                let admitted = recordsize::admit(
+                    msg.key().map_or(0, <[u8]>::len),
+                    msg.payload().map_or(0, <[u8]>::len),
+                    carried_bytes,
+                    self.max_key_bytes,
+                    self.limits
+                        .min_limit(self.downstream.iter().map(String::as_str)),
+                );
+                let verdict = admitted.and_then(|()| self.validator.validate(msg.payload()));
+                (carried, verdict, None)
+            }
+            Err(bad) => {
+                let why = Invalid {
+                    reason: InvalidReason::BadHeaders,
+                    detail: bad.detail,
+                };
+                (Vec::new(), Err(why), bad.bytes)
+            }
+        };
+        match verdict {
+            Ok(ev) => {
+                self.metrics.emit_valid();
+                let hash = key_hash(&ev.dedupe_key);
+                let facts = EventHeaders {
+                    id: ev.id,
+                    event_type: ev.event_type,
+                    tenant: ev.tenant,
+                    dedupe_key: Some(ev.dedupe_key),
+                };
+                let mut headers: Vec<(&str, Option<&[u8]>)> = carried
+                    .iter()
+                    .map(|(k, v)| (k.as_str(), v.as_deref()))
+                    .collect();
+                headers.extend(facts.pairs().into_iter().map(|(k, v)| (k, Some(v))));
+                let record = OwnedRecord {
+                    topic: self.dedupe_topic.clone(),
+                    partition: Some(partition_for(hash, self.partitions)),
+                    key: msg.key().map(<[u8]>::to_vec),
+                    value: msg.payload().map(<[u8]>::to_vec),
+                    headers: owned_headers(headers),
+                };
+                Admitted::Valid { record, hash }
+            }
+            Err(why) => {
+                self.metrics.emit_invalid(partition, offset, &why);
+                let copy = Kept {
+                    carried: &carried,
+                    dropped_headers,
+                };
+                Admitted::Invalid(quarantine_record(
+                    &self.invalid_topic,
+                    msg,
+                    copy,
+                    &why,
+                    source,
+                    &self.limits,
+                ))
+            }
+        }
+    }
+}
+
 /// Runs stage A until shutdown. A record that can never be written is quarantined (or, if even
 /// that is impossible, logged and counted) and never stops the stage; transient produce errors
 /// are retried; only a fatal one (fenced, not authorised, topic gone) returns an error.
@@ -86,7 +195,6 @@ pub async fn run(
 ) -> anyhow::Result<()> {
     let topics = Topics::new(&config.topics.prefix);
     let metrics = ValidateMetrics::new(&registry).context("registering stage A metrics")?;
-    let validator = Validator::new(&config.input, &config.dedupe.keys);
     // Ready once the group assigned this member its partitions (see `AssignmentProbe`).
     let consumer: StreamConsumer<AssignmentProbe> = pipeline_consumer_config(&config, STAGE)
         .create_with_context(AssignmentProbe::new(probe.clone()))
@@ -105,6 +213,17 @@ pub async fn run(
             .await
             .context("reading topic size limits")?,
     );
+    let admission = Admission {
+        validator: Validator::new(&config.input, &config.dedupe.keys),
+        limits: limits.clone(),
+        downstream,
+        max_key_bytes: config.input.max_key_bytes,
+        dedupe_topic: dedupe_topic.clone(),
+        invalid_topic: invalid_topic.clone(),
+        events_topic: events_topic.clone(),
+        partitions,
+        metrics: metrics.clone(),
+    };
     consumer
         .subscribe(&[&events_topic])
         .with_context(|| format!("subscribing to {events_topic}"))?;
@@ -145,66 +264,8 @@ pub async fn run(
                     }
                 };
                 let (partition, offset) = (msg.partition(), msg.offset());
-                let source = Source { topic: &events_topic, partition, offset };
-                // The headers first: read through the C API, never trusted (see `headers`).
-                let (carried, verdict, dropped_headers) = match headers::read(&msg) {
-                    Ok(all) => {
-                        // Producers cannot spoof our metadata headers.
-                        let carried: Vec<(String, Option<Vec<u8>>)> = all
-                            .into_iter()
-                            .filter(|(k, _)| !k.starts_with("hookline-"))
-                            .collect();
-                        let carried_bytes = recordsize::headers_bytes(
-                            carried
-                                .iter()
-                                .map(|(k, v)| (k.as_str(), v.as_ref().map_or(0, Vec::len))),
-                        );
-                        let admitted = recordsize::admit(
-                            msg.key().map_or(0, <[u8]>::len),
-                            msg.payload().map_or(0, <[u8]>::len),
-                            carried_bytes,
-                            config.input.max_key_bytes,
-                            limits.min_limit(downstream.iter().map(String::as_str)),
-                        );
-                        let verdict = admitted.and_then(|()| validator.validate(msg.payload()));
-                        (carried, verdict, None)
-                    }
-                    Err(bad) => {
-                        let why = Invalid {
-                            reason: InvalidReason::BadHeaders,
-                            detail: bad.detail,
-                        };
-                        (Vec::new(), Err(why), bad.bytes)
-                    }
-                };
-                let record = match verdict {
-                    Ok(ev) => {
-                        metrics.emit_valid();
-                        let partition_out = partition_for(key_hash(&ev.dedupe_key), partitions);
-                        let facts = EventHeaders {
-                            id: ev.id,
-                            event_type: ev.event_type,
-                            tenant: ev.tenant,
-                            dedupe_key: Some(ev.dedupe_key),
-                        };
-                        let mut headers: Vec<(&str, Option<&[u8]>)> = carried
-                            .iter()
-                            .map(|(k, v)| (k.as_str(), v.as_deref()))
-                            .collect();
-                        headers.extend(facts.pairs().into_iter().map(|(k, v)| (k, Some(v))));
-                        OwnedRecord {
-                            topic: dedupe_topic.clone(),
-                            partition: Some(partition_out),
-                            key: msg.key().map(<[u8]>::to_vec),
-                            value: msg.payload().map(<[u8]>::to_vec),
-                            headers: owned_headers(headers),
-                        }
-                    }
-                    Err(why) => {
-                        metrics.emit_invalid(partition, offset, &why);
-                        let copy = Kept { carried: &carried, dropped_headers };
-                        quarantine_record(&invalid_topic, &msg, copy, &why, source, &limits)
-                    }
+                let record = match admission.judge(&msg) {
+                    Admitted::Valid { record, .. } | Admitted::Invalid(record) => record,
                 };
                 let first = produce::enqueue(&producer, &record).await;
                 let ctx = fallback.clone();

@@ -20,6 +20,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context as _;
 use hookline_common::config::Config;
 use hookline_common::contract::envelope::Validator;
+use hookline_common::contract::keyhash::{key_hash, partition_for};
 use hookline_common::contract::topics::Topics;
 use hookline_common::kafka::produce::{classify, ProduceErrorClass};
 use hookline_common::kafka::producer_config;
@@ -143,6 +144,9 @@ pub struct Ingest {
     claims: Claims,
     requests: IntCounterVec,
     produce_seconds: HistogramVec,
+    /// `dedupe.direct`: events go to the partition their dedupe key hashes to among these
+    /// (`topics.partitions`; the deduper refuses to start unless `<p>.events` has as many).
+    place_by_key: Option<i32>,
 }
 
 impl Ingest {
@@ -189,6 +193,7 @@ impl Ingest {
             claims,
             requests,
             produce_seconds,
+            place_by_key: config.dedupe.direct.then_some(config.topics.partitions),
         })
     }
 
@@ -271,16 +276,21 @@ impl Ingest {
         }
         // Written even when the key was seen before: the first request may have died between
         // its claim and its event. The deduper lets one through.
-        self.produce(&valid.id, &envelope).await?;
+        self.produce(&valid.id, &valid.dedupe_key, &envelope)
+            .await?;
         Ok(Accepted {
             id: valid.id,
             tenant: valid.tenant,
         })
     }
 
-    async fn produce(&self, id: &str, envelope: &[u8]) -> Result<(), Rejected> {
+    async fn produce(&self, id: &str, dedupe_key: &str, envelope: &[u8]) -> Result<(), Rejected> {
         let started = Instant::now();
-        let record = FutureRecord::to(&self.topic).key(id).payload(envelope);
+        let mut record = FutureRecord::to(&self.topic).key(id).payload(envelope);
+        // On the partition the deduper owns the key by, so it skips a hop (`dedupe.direct`).
+        if let Some(partitions) = self.place_by_key {
+            record = record.partition(partition_for(key_hash(dedupe_key), partitions));
+        }
         // A full local queue answers at once rather than queueing the request.
         let sent = self
             .producer

@@ -516,3 +516,114 @@ async fn aborted_transactions_rewind_and_recover_exactly_once() {
     );
     running.stop().await.expect("clean stop");
 }
+
+/// `dedupe.direct`: events a producer placed by their dedupe key are deduped where they are and
+/// never written to `<p>.dedupe`; copies on any other partition are forwarded there and still
+/// collapse with the originals.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn events_placed_by_key_skip_the_dedupe_topic() {
+    use hookline_common::contract::keyhash::Placement;
+    require_kafka();
+    let prefix = unique_prefix("dedupedirect");
+    let config = test_config(&prefix, "");
+    apply_topics(&config).await;
+    let placement = Placement::new(&config).expect("dedupe.direct is the default");
+    let events = format!("{prefix}.events");
+    let p = producer();
+    let unique = 600;
+    let mut records = Vec::new();
+    let mut elsewhere = 0;
+    for i in 0..unique {
+        let value = event(&format!("evt-{i}"), 0);
+        let home = placement.partition(value.as_bytes()).expect("valid event");
+        records.push((home, format!("k{i}"), value));
+        if i % 3 == 0 {
+            // A copy on another partition, as a producer with its own partitioner writes it.
+            let copy = event(&format!("evt-{i}"), 1);
+            records.push(((home + 1) % 3, format!("c{i}"), copy));
+            elsewhere += 1;
+        }
+    }
+    produce_many(&p, &events, &records).await;
+    let running = start_deduper(&config);
+    let dispatch = format!("{prefix}.dispatch");
+    let out = read_until(&dispatch, Duration::from_secs(120), |r| {
+        ids_of(r).0.len() >= unique
+    });
+    assert_eq!(ids_of(&out).0.len(), unique, "every event dispatched");
+    let metric = |name: &str| counter(&running.registry, name, None);
+    let start = Instant::now();
+    while metric("hookline_deduper_duplicates_total") < elsewhere as f64
+        && start.elapsed() < Duration::from_secs(60)
+    {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(
+        metric("hookline_deduper_rekeyed_total"),
+        elsewhere as f64,
+        "only the copies on another partition were forwarded"
+    );
+    assert_eq!(
+        metric("hookline_deduper_duplicates_total"),
+        elsewhere as f64,
+        "every copy collapsed with its original"
+    );
+    let settled = read_until(&dispatch, Duration::from_secs(3), |_| false);
+    assert_exactly_once(&settled, unique);
+    // `<p>.dedupe` holds the forwarded copies and nothing else (read_committed).
+    let dedupe = read_until(&format!("{prefix}.dedupe"), Duration::from_secs(5), |r| {
+        r.len() > elsewhere
+    });
+    assert_eq!(
+        dedupe.len(),
+        elsewhere,
+        "only the forwarded copies crossed <p>.dedupe"
+    );
+    assert!(
+        dedupe
+            .iter()
+            .all(|m| m.key().is_some_and(|k| k.starts_with(b"c"))),
+        "what crossed <p>.dedupe is the copies"
+    );
+    running.stop().await.expect("clean stop");
+}
+
+/// Turning `dedupe.direct` on takes over `<p>.events` where stage A stopped: nothing stage A had
+/// already handled is read again, and nothing after it is missed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn switching_to_direct_reads_on_from_where_stage_a_stopped() {
+    require_kafka();
+    let prefix = unique_prefix("dedupeswitch");
+    let split = test_config(&prefix, "[dedupe]\ndirect = false");
+    apply_topics(&split).await;
+    let events = format!("{prefix}.events");
+    let dispatch = format!("{prefix}.dispatch");
+    let p = producer();
+    let first = workload(11, 300, 0, 3);
+    produce_many(&p, &events, &first).await;
+    let running = start_deduper(&split);
+    let out = read_until(&dispatch, Duration::from_secs(120), |r| r.len() >= 300);
+    assert_eq!(out.len(), 300, "split mode dispatched the first wave");
+    // Stage A commits its offsets every second and on a graceful stop.
+    running.stop().await.expect("clean stop");
+
+    let direct = test_config(&prefix, "");
+    let second: Vec<_> = workload(12, 300, 0, 3)
+        .into_iter()
+        .map(|(p, k, v)| (p, k, v.replace("evt-", "second-")))
+        .collect();
+    produce_many(&p, &events, &second).await;
+    let running = start_deduper(&direct);
+    let out = read_until(&dispatch, Duration::from_secs(120), |r| r.len() >= 600);
+    assert_eq!(out.len(), 600, "direct mode dispatched the second wave");
+    let metric = |name: &str| counter(&running.registry, name, None);
+    assert_eq!(
+        metric("hookline_deduper_valid_events_total"),
+        300.0,
+        "direct mode read only what stage A had not"
+    );
+    assert_eq!(metric("hookline_deduper_duplicates_total"), 0.0);
+    let settled = read_until(&dispatch, Duration::from_secs(3), |_| false);
+    assert_exactly_once(&settled, 600);
+    running.stop().await.expect("clean stop");
+}

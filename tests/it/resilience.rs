@@ -82,6 +82,42 @@ async fn stage_b_refuses_a_changelog_with_another_partition_count() {
     );
 }
 
+/// With `dedupe.direct` (the default) events partition `n` is read with dedupe partition `n`:
+/// `<p>.events` with another partition count is refused, naming the setting that avoids it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn direct_stage_b_refuses_events_with_another_partition_count() {
+    require_kafka();
+    let prefix = unique_prefix("directmismatch");
+    let config = test_config(&prefix, "");
+    let topics: Vec<(String, i32)> = ["invalid", "dedupe", "dedupe-state", "dispatch"]
+        .iter()
+        .map(|t| (format!("{prefix}.{t}"), 3))
+        .chain([(format!("{prefix}.events"), 5)])
+        .collect();
+    let new: Vec<NewTopic> = topics
+        .iter()
+        .map(|(name, n)| NewTopic::new(name, *n, TopicReplication::Fixed(1)))
+        .collect();
+    for r in admin()
+        .create_topics(new.iter(), &admin_opts())
+        .await
+        .expect("create topics")
+    {
+        r.expect("topic created");
+    }
+    let mut running = start_deduper(&config);
+    let err = wait_for_exit(&mut running, Duration::from_secs(90))
+        .await
+        .expect_err("stage B must refuse to start");
+    let msg = format!("{err:#}");
+    assert!(
+        msg.contains(&format!("{prefix}.events has 5 partitions"))
+            && msg.contains(&format!("{prefix}.dedupe has 3"))
+            && msg.contains("dedupe.direct = false"),
+        "the error names both topics, their counts and the setting: {msg}"
+    );
+}
+
 /// A failure between the dispatch send and the changelog send (here: the changelog topic was
 /// deleted under the running stage, so the changelog send fails at once) must abort the open
 /// transaction: the dispatch record is never committed without its changelog record and offset,

@@ -1,6 +1,7 @@
-//! Stage A: every bad-input class lands on `<p>.invalid` with its reason and original bytes,
-//! while valid records behind them (same partition) still reach `<p>.dedupe` on the partition
-//! owned by their dedupe key.
+//! Validation (stage A's rules, applied by stage A or, with `dedupe.direct`, by stage B): every
+//! bad-input class lands on `<p>.invalid` with its reason and original bytes, while valid records
+//! behind them (same partition) still reach `<p>.dispatch` on the partition owned by their dedupe
+//! key.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -14,11 +15,23 @@ use crate::harness::*;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_inputs_are_quarantined_and_valid_ones_flow() {
+    quarantine_and_flow(true).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_inputs_are_quarantined_and_valid_ones_flow_through_stage_a() {
+    quarantine_and_flow(false).await;
+}
+
+async fn quarantine_and_flow(direct: bool) {
     require_kafka();
-    let prefix = unique_prefix("validate");
+    let prefix = unique_prefix(if direct { "validate" } else { "validatea" });
     let config = test_config(
         &prefix,
-        "[input]\nmax_payload_bytes = 2048\n[[dedupe.keys]]\ntype = \"email.inbound\"\npointers = [\"/data/messageId\"]\n",
+        &format!(
+            "[input]\nmax_payload_bytes = 2048\n[dedupe]\ndirect = {direct}\n\
+             [[dedupe.keys]]\ntype = \"email.inbound\"\npointers = [\"/data/messageId\"]\n"
+        ),
     );
     apply_topics(&config).await;
     let events = format!("{prefix}.events");
@@ -78,9 +91,11 @@ async fn bad_inputs_are_quarantined_and_valid_ones_flow() {
     let invalid = read_until(&format!("{prefix}.invalid"), Duration::from_secs(60), |r| {
         r.len() >= bad.len()
     });
-    let dedupe = read_until(&format!("{prefix}.dedupe"), Duration::from_secs(60), |r| {
-        r.len() >= valid_ids.len()
-    });
+    let dispatch = read_until(
+        &format!("{prefix}.dispatch"),
+        Duration::from_secs(60),
+        |r| r.len() >= valid_ids.len(),
+    );
 
     let mut want: BTreeMap<String, usize> = BTreeMap::new();
     for (reason, _) in &bad {
@@ -115,7 +130,7 @@ async fn bad_inputs_are_quarantined_and_valid_ones_flow() {
         .iter()
         .all(|m| headers_map(m).get(h::INVALID_REASON).map(|s| s.as_str()) != Some("spoofed")));
 
-    let mut ids: Vec<String> = dedupe
+    let mut ids: Vec<String> = dispatch
         .iter()
         .map(|m| header(m, h::EVENT_ID).expect("event id header").to_string())
         .collect();
@@ -126,7 +141,7 @@ async fn bad_inputs_are_quarantined_and_valid_ones_flow() {
         ids, want_ids,
         "every valid record behind a bad one is processed"
     );
-    for m in &dedupe {
+    for m in &dispatch {
         let key = header(m, h::DEDUPE_KEY).expect("dedupe key");
         assert_eq!(
             m.partition(),

@@ -180,6 +180,12 @@ pub struct DedupeConfig {
     #[serde(with = "humantime_serde")]
     pub batch_interval: Duration,
     pub batch_max_records: usize,
+    /// Stage B reads `<p>.events` itself (one hop fewer): an event already on the partition its
+    /// dedupe key hashes to is deduped and written to `<p>.dispatch` directly; any other is
+    /// forwarded to `<p>.dedupe` in the same transaction. Stage A does not run. Needs
+    /// `<p>.events` to have as many partitions as `<p>.dedupe`. `false`: stage A validates and
+    /// re-partitions every event onto `<p>.dedupe` first (docs/delivery.md).
+    pub direct: bool,
 }
 
 impl Default for DedupeConfig {
@@ -189,6 +195,7 @@ impl Default for DedupeConfig {
             keys: Vec::new(),
             batch_interval: Duration::from_millis(25),
             batch_max_records: 5_000,
+            direct: true,
         }
     }
 }

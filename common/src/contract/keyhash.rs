@@ -15,6 +15,34 @@ pub fn partition_for(hash: u128, partitions: i32) -> i32 {
     ((hash >> 64) as u64 % n) as i32
 }
 
+/// Where a producer writes an event so the deduper finds it in place (`dedupe.direct`): the
+/// partition of `<p>.events` its dedupe key hashes to. An event elsewhere is still deduped, one
+/// hop later (stage B forwards it to `<p>.dedupe`).
+pub struct Placement {
+    validator: crate::contract::envelope::Validator,
+    partitions: i32,
+}
+
+impl Placement {
+    /// `None` when `dedupe.direct` is off (any partition is as good as another).
+    pub fn new(config: &crate::config::Config) -> Option<Placement> {
+        config.dedupe.direct.then(|| Placement {
+            validator: crate::contract::envelope::Validator::new(
+                &config.input,
+                &config.dedupe.keys,
+            ),
+            partitions: config.topics.partitions,
+        })
+    }
+
+    /// The partition for the event `payload`; `None` for an invalid one (it is quarantined
+    /// wherever it is).
+    pub fn partition(&self, payload: &[u8]) -> Option<i32> {
+        let event = self.validator.validate(Some(payload)).ok()?;
+        Some(partition_for(key_hash(&event.dedupe_key), self.partitions))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
