@@ -375,11 +375,16 @@ impl Report {
         if self.runs.iter().any(|r| !r.hops.is_empty()) {
             let _ = writeln!(
                 t,
-                "\nlatency by hop, p50 / p99 ms (produce: schedule → <p>.events; validate: → <p>.dedupe; dedupe: → <p>.dispatch; dispatch: → receipt)"
+                "\nlatency by hop, p50 / p99 ms (produce: schedule → <p>.events; validate: → <p>.dedupe; dedupe: → <p>.dispatch, from <p>.events for an event read in place; dispatch: → receipt)"
             );
             for r in self.runs.iter().filter(|r| !r.hops.is_empty()) {
                 let _ = write!(t, "  {:<9}", r.name);
                 for h in &r.hops {
+                    if h.samples == 0 {
+                        // `validate` with every event read in place (`dedupe.direct`).
+                        let _ = write!(t, "  {} -", h.hop);
+                        continue;
+                    }
                     let _ = write!(t, "  {} {} / {}", h.hop, num(h.p50_ms), num(h.p99_ms));
                 }
                 let _ = writeln!(t);

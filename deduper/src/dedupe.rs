@@ -597,18 +597,7 @@ impl Core {
 
     /// Enqueues `record` in the open transaction (see [`Core::send`]).
     fn send_owned(&mut self, record: &OwnedRecord) -> anyhow::Result<Option<KafkaError>> {
-        let mut rec: BaseRecord<'_, [u8], [u8]> =
-            BaseRecord::to(&record.topic).headers(record.headers.clone());
-        if let Some(p) = record.partition {
-            rec = rec.partition(p);
-        }
-        if let Some(k) = &record.key {
-            rec = rec.key(&k[..]);
-        }
-        if let Some(v) = &record.value {
-            rec = rec.payload(&v[..]);
-        }
-        self.send(rec)
+        self.send(record.base_record())
     }
 
     /// Enqueues a record in the open transaction. `Ok(Some(e))`: refused for good (e.g. larger

@@ -86,6 +86,12 @@ async fn smoke_run_balances_every_ledger_and_reports_every_number() {
         let hops: Vec<&str> = run(n).hops.iter().map(|h| h.hop.as_str()).collect();
         assert_eq!(hops, hookline_bench::hops::HOPS, "{n}");
         for h in &run(n).hops {
+            // The bench places events by key and stage B reads them in place (`dedupe.direct`):
+            // none crosses `<p>.dedupe`, so `validate` has no sample.
+            if h.hop == "validate" {
+                assert_eq!(h.samples, 0, "{n} {h:?}\n{table}");
+                continue;
+            }
             assert!(h.samples > 0 && h.p99_ms >= h.p50_ms, "{n} {h:?}\n{table}");
         }
     }

@@ -48,18 +48,15 @@ async fn wait_for_exit(running: &mut Running, deadline: Duration) -> anyhow::Res
         .expect("the stage panicked")
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn stage_b_refuses_a_changelog_with_another_partition_count() {
-    require_kafka();
-    let prefix = unique_prefix("partmismatch");
-    let config = test_config(&prefix, "");
-    // By hand: every topic with 3 partitions but the changelog, which has 2.
-    let topics: Vec<(String, i32)> = ["events", "invalid", "dedupe", "dispatch"]
+/// Creates the deduper's topics by hand (`(suffix, partitions)`), starts it and returns the error
+/// it must refuse to start with.
+async fn refusal(config: &hookline_common::config::Config, topics: &[(&str, i32)]) -> String {
+    let prefix = &config.topics.prefix;
+    let names: Vec<(String, i32)> = topics
         .iter()
-        .map(|t| (format!("{prefix}.{t}"), 3))
-        .chain([(format!("{prefix}.dedupe-state"), 2)])
+        .map(|(t, n)| (format!("{prefix}.{t}"), *n))
         .collect();
-    let new: Vec<NewTopic> = topics
+    let new: Vec<NewTopic> = names
         .iter()
         .map(|(name, n)| NewTopic::new(name, *n, TopicReplication::Fixed(1)))
         .collect();
@@ -70,11 +67,30 @@ async fn stage_b_refuses_a_changelog_with_another_partition_count() {
     {
         r.expect("topic created");
     }
-    let mut running = start_deduper(&config);
+    let mut running = start_deduper(config);
     let err = wait_for_exit(&mut running, Duration::from_secs(90))
         .await
         .expect_err("stage B must refuse to start");
-    let msg = format!("{err:#}");
+    format!("{err:#}")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stage_b_refuses_a_changelog_with_another_partition_count() {
+    require_kafka();
+    let prefix = unique_prefix("partmismatch");
+    let config = test_config(&prefix, "");
+    // By hand: every topic with 3 partitions but the changelog, which has 2.
+    let msg = refusal(
+        &config,
+        &[
+            ("events", 3),
+            ("invalid", 3),
+            ("dedupe", 3),
+            ("dispatch", 3),
+            ("dedupe-state", 2),
+        ],
+    )
+    .await;
     assert!(
         msg.contains(&format!("{prefix}.dedupe-state has 2 partitions"))
             && msg.contains(&format!("{prefix}.dedupe has 3")),
@@ -89,27 +105,17 @@ async fn direct_stage_b_refuses_events_with_another_partition_count() {
     require_kafka();
     let prefix = unique_prefix("directmismatch");
     let config = test_config(&prefix, "");
-    let topics: Vec<(String, i32)> = ["invalid", "dedupe", "dedupe-state", "dispatch"]
-        .iter()
-        .map(|t| (format!("{prefix}.{t}"), 3))
-        .chain([(format!("{prefix}.events"), 5)])
-        .collect();
-    let new: Vec<NewTopic> = topics
-        .iter()
-        .map(|(name, n)| NewTopic::new(name, *n, TopicReplication::Fixed(1)))
-        .collect();
-    for r in admin()
-        .create_topics(new.iter(), &admin_opts())
-        .await
-        .expect("create topics")
-    {
-        r.expect("topic created");
-    }
-    let mut running = start_deduper(&config);
-    let err = wait_for_exit(&mut running, Duration::from_secs(90))
-        .await
-        .expect_err("stage B must refuse to start");
-    let msg = format!("{err:#}");
+    let msg = refusal(
+        &config,
+        &[
+            ("invalid", 3),
+            ("dedupe", 3),
+            ("dedupe-state", 3),
+            ("dispatch", 3),
+            ("events", 5),
+        ],
+    )
+    .await;
     assert!(
         msg.contains(&format!("{prefix}.events has 5 partitions"))
             && msg.contains(&format!("{prefix}.dedupe has 3"))

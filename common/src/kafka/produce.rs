@@ -198,6 +198,22 @@ impl OwnedRecord {
             .collect()
     }
 
+    /// The record for a `BaseProducer` / `ThreadedProducer` (e.g. a transactional one).
+    pub fn base_record(&self) -> rdkafka::producer::BaseRecord<'_, [u8], [u8]> {
+        let mut r: rdkafka::producer::BaseRecord<'_, [u8], [u8]> =
+            rdkafka::producer::BaseRecord::to(&self.topic).headers(self.headers.clone());
+        if let Some(p) = self.partition {
+            r = r.partition(p);
+        }
+        if let Some(k) = &self.key {
+            r = r.key(&k[..]);
+        }
+        if let Some(v) = &self.value {
+            r = r.payload(&v[..]);
+        }
+        r
+    }
+
     fn future_record(&self) -> FutureRecord<'_, [u8], [u8]> {
         let mut r: FutureRecord<'_, [u8], [u8]> =
             FutureRecord::to(&self.topic).headers(self.headers.clone());
