@@ -1,5 +1,7 @@
 //! Stage A: consume `<p>.events`, validate each record, and either forward it to `<p>.dedupe` on
 //! the partition owned by its dedupe key, or quarantine it on `<p>.invalid` with the reason.
+//! It runs only with `dedupe.direct = false`; otherwise stage B reads `<p>.events` and judges
+//! each record with the same [`Admission`].
 //!
 //! Headers first: before anything else a record's headers are read through the librdkafka C API
 //! (`crate::headers`); more than `MAX_HEADERS` (1,000), a name that is not UTF-8, or headers
