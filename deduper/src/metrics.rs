@@ -17,7 +17,7 @@ impl ValidateMetrics {
     pub fn new(registry: &Registry) -> prometheus::Result<Self> {
         let valid = IntCounter::with_opts(Opts::new(
             "hookline_deduper_valid_events_total",
-            "Events that passed validation and were forwarded to <p>.dedupe",
+            "Events that passed validation (by stage A, or by stage B reading <p>.events with dedupe.direct)",
         ))?;
         let invalid = IntCounterVec::new(
             Opts::new(

@@ -59,4 +59,47 @@ mod tests {
             .collect();
         assert_eq!(spread.len(), 6);
     }
+
+    fn config(extra: &str) -> crate::config::Config {
+        let text = format!(
+            "[kafka]\nbootstrap_servers = \"127.0.0.1:9092\"\n[topics]\npartitions = 6\n{extra}\n\
+             [[dedupe.keys]]\ntype = \"call.*\"\npointers = [\"/data/callId\"]\n"
+        );
+        crate::config::Config::from_toml_with_env(&text, "test", Vec::new()).expect("config")
+    }
+
+    #[test]
+    fn placement_follows_the_validators_dedupe_key() {
+        let placement = Placement::new(&config("")).expect("dedupe.direct is the default");
+        let validator =
+            crate::contract::envelope::Validator::new(&config("").input, &config("").dedupe.keys);
+        for body in [
+            r#"{"id":"evt_1","type":"order.paid","data":{}}"#,
+            r#"{"id":"evt_2","type":"order.paid","tenant":"acme","data":{}}"#,
+            // Two ids, one call: one key, one partition.
+            r#"{"id":"a","type":"call.started","data":{"callId":"c-7"}}"#,
+            r#"{"id":"b","type":"call.started","data":{"callId":"c-7"}}"#,
+        ] {
+            let key = validator
+                .validate(Some(body.as_bytes()))
+                .expect("valid")
+                .dedupe_key;
+            assert_eq!(
+                placement.partition(body.as_bytes()),
+                Some(partition_for(key_hash(&key), 6)),
+                "{body}"
+            );
+        }
+        assert_eq!(
+            placement.partition(br#"{"id":"a","type":"call.started","data":{"callId":"c-7"}}"#),
+            placement.partition(br#"{"id":"b","type":"call.started","data":{"callId":"c-7"}}"#)
+        );
+        // Invalid input has no key: the producer's own choice stands.
+        assert_eq!(placement.partition(b"not json"), None);
+    }
+
+    #[test]
+    fn no_placement_in_split_mode() {
+        assert!(Placement::new(&config("[dedupe]\ndirect = false")).is_none());
+    }
 }
