@@ -194,12 +194,7 @@ fn direct_partitions_agree(
 ) -> anyhow::Result<()> {
     let count = |t: &str| found.get(t).copied().unwrap_or(0);
     let (n_events, n_dedupe) = (count(events), count(dedupe));
-    if n_dedupe != configured {
-        bail!(
-            "topic {dedupe} has {n_dedupe} partitions but topics.partitions = {configured}; \
-             dedupe keys are placed by partition count, so they must agree"
-        );
-    }
+    crate::validate::dedupe_matches_config(dedupe, n_dedupe, configured)?;
     if n_events != n_dedupe {
         bail!(
             "{events} has {n_events} partitions but {dedupe} has {n_dedupe}: with \
@@ -370,14 +365,11 @@ impl Core {
 
     /// Starts reading events partition `partition` at `at` (its seen-set is restored).
     fn events_attach(&mut self, partition: i32, at: Offset) {
+        // Never two positions for one partition: start over from `at`.
+        self.events_detach(partition);
         let Some(direct) = &mut self.direct else {
             return;
         };
-        if direct.next.contains_key(&partition) {
-            // Never two positions for one partition: start over from `at`.
-            self.events_detach(partition);
-            return self.events_attach(partition, at);
-        }
         let events = self.topics.events();
         let mut tpl = TopicPartitionList::new();
         let added = tpl
@@ -748,7 +740,13 @@ fn run_blocking(
                 let r = r?;
                 lock(&core).install(r);
             }
-            let to_resume = std::mem::take(&mut lock(&core).to_resume);
+            // Reading `<p>.events` too: the group consumer (forwarded events, rebalances) is only
+            // looked at, the events reader waited on.
+            let (to_resume, reading_events) = {
+                let mut core = lock(&core);
+                let reading = core.direct.as_ref().is_some_and(|d| !d.next.is_empty());
+                (std::mem::take(&mut core.to_resume), reading)
+            };
             for (p, committed) in to_resume {
                 unstarted.insert(
                     p,
@@ -762,12 +760,6 @@ fn run_blocking(
             if !unstarted.is_empty() {
                 resume_restored(&consumer, &core, &dedupe_topic, &mut unstarted)?;
             }
-            // Reading `<p>.events` too: the group consumer (forwarded events, rebalances) is only
-            // looked at, the events reader waited on.
-            let reading_events = lock(&core)
-                .direct
-                .as_ref()
-                .is_some_and(|d| !d.next.is_empty());
             let mut idle = true;
             for i in 0..BURST {
                 let wait = if i == 0 && !reading_events { 20 } else { 0 };

@@ -485,12 +485,21 @@ async fn check_partitions(config: &Config, names: &[&str]) -> anyhow::Result<i32
     .await?;
     let dedupe = &names[1];
     let actual = found.get(dedupe).copied().unwrap_or(0);
-    let configured = config.topics.partitions;
+    dedupe_matches_config(dedupe, actual, config.topics.partitions)?;
+    Ok(actual)
+}
+
+/// Refuses a `<p>.dedupe` whose partition count is not `topics.partitions`: keys are placed by it.
+pub(crate) fn dedupe_matches_config(
+    dedupe: &str,
+    actual: i32,
+    configured: i32,
+) -> anyhow::Result<()> {
     if actual != configured {
         bail!(
             "topic {dedupe} has {actual} partitions but topics.partitions = {configured}; \
              dedupe keys are placed by partition count, so they must agree"
         );
     }
-    Ok(actual)
+    Ok(())
 }

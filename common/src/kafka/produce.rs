@@ -176,6 +176,24 @@ pub struct OwnedRecord {
     pub headers: OwnedHeaders,
 }
 
+/// Fills one of rdkafka's two record builders (they share no trait) from an [`OwnedRecord`].
+macro_rules! fill_record {
+    ($owned:expr, $builder:expr) => {{
+        let owned = $owned;
+        let mut r = $builder.headers(owned.headers.clone());
+        if let Some(p) = owned.partition {
+            r = r.partition(p);
+        }
+        if let Some(k) = &owned.key {
+            r = r.key(&k[..]);
+        }
+        if let Some(v) = &owned.value {
+            r = r.payload(&v[..]);
+        }
+        r
+    }};
+}
+
 impl OwnedRecord {
     /// Bytes this record counts against `message.max.bytes` (see [`crate::kafka::recordsize`]).
     pub fn size(&self) -> usize {
@@ -200,33 +218,11 @@ impl OwnedRecord {
 
     /// The record for a `BaseProducer` / `ThreadedProducer` (e.g. a transactional one).
     pub fn base_record(&self) -> rdkafka::producer::BaseRecord<'_, [u8], [u8]> {
-        let mut r: rdkafka::producer::BaseRecord<'_, [u8], [u8]> =
-            rdkafka::producer::BaseRecord::to(&self.topic).headers(self.headers.clone());
-        if let Some(p) = self.partition {
-            r = r.partition(p);
-        }
-        if let Some(k) = &self.key {
-            r = r.key(&k[..]);
-        }
-        if let Some(v) = &self.value {
-            r = r.payload(&v[..]);
-        }
-        r
+        fill_record!(self, rdkafka::producer::BaseRecord::to(&self.topic))
     }
 
     fn future_record(&self) -> FutureRecord<'_, [u8], [u8]> {
-        let mut r: FutureRecord<'_, [u8], [u8]> =
-            FutureRecord::to(&self.topic).headers(self.headers.clone());
-        if let Some(p) = self.partition {
-            r = r.partition(p);
-        }
-        if let Some(k) = &self.key {
-            r = r.key(&k[..]);
-        }
-        if let Some(v) = &self.value {
-            r = r.payload(&v[..]);
-        }
-        r
+        fill_record!(self, FutureRecord::to(&self.topic))
     }
 }
 
