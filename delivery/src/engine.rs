@@ -297,7 +297,7 @@ impl Engine {
         };
         let status = response.status().as_u16();
         let retry_after = matches!(status, 429 | 503)
-            .then(|| retry_after(response.headers(), std::time::SystemTime::now()))
+            .then(|| retry_after(response.headers(), hookline_common::runtime::clock::now()))
             .flatten();
 
         // The status decided the result; the body is diagnostics. Read only what is kept, within
