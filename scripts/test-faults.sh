@@ -5,7 +5,7 @@
 # clock jumps, the control plane's leader killed, hostile input; the ledger checked after each),
 # then stops and deletes the cluster (its tmpfs log dir unmounted). The short variants run here;
 # the long one: HOOKLINE_TEST_FAULT_ROUNDS=10 HOOKLINE_TEST_FAULT_STAGE_KILLS=20 (docs/reliability.md).
-# Needs root for the full-disk test's tmpfs and Debian's faketime for the clock test (.ci/run
+# Needs root for the full-disk test's tmpfs and Debian's faketime for librdkafka's clock-step probe (.ci/run
 # installs it). Bounded by HOOKLINE_TEST_FAULT_TIMEOUT seconds [1500].
 # Last line: "test-faults: N passed, M failed".
 set -euo pipefail

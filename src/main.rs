@@ -145,7 +145,6 @@ enum Stage {
 const RUNTIME_SHUTDOWN_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 
 fn main() -> ExitCode {
-    malloc::cap_arenas();
     let cli = Cli::parse();
     match cli.command {
         Command::Config {
