@@ -754,6 +754,7 @@ fn run_blocking(
                         committed,
                         since: Instant::now(),
                         logged: false,
+                        reassigned: false,
                     },
                 );
             }
@@ -884,7 +885,12 @@ fn direct_reader(
 }
 
 /// How long a restored partition may wait for librdkafka to start fetching it before stage B
-/// stops (the orchestrator's restart then gets a fresh assignment).
+/// assigns it again itself, at the committed offset the restore read.
+const REASSIGN_AFTER: Duration = Duration::from_secs(10);
+
+/// How long a restored partition may wait for librdkafka to start fetching it before stage B
+/// stops (the orchestrator's restart then gets a fresh assignment): the last resort, after
+/// [`REASSIGN_AFTER`]'s re-assignment did not start it either.
 const FETCH_START_LIMIT: Duration = Duration::from_secs(120);
 
 /// A restored partition not rewound and resumed yet.
@@ -895,6 +901,8 @@ struct Unstarted {
     since: Instant,
     /// Whether the wait for its fetcher was logged.
     logged: bool,
+    /// Whether stage B assigned it again itself ([`REASSIGN_AFTER`]).
+    reassigned: bool,
 }
 
 /// Rewinds each restored partition of `unstarted` to its committed offset and resumes it.
@@ -903,7 +911,9 @@ struct Unstarted {
 /// still fetching the partition's committed offset, e.g. from a group coordinator that has just
 /// moved (the restore reads the changelog on a consumer of its own and can finish first). Such a
 /// partition stays paused and is tried again on the next turn; the fetcher will start at the
-/// committed offset, where the rewind points. Revoked partitions are dropped. Any other error, or
+/// committed offset, where the rewind points. One still unstarted after [`REASSIGN_AFTER`] is
+/// assigned again by stage B at the committed offset the restore read (librdkafka's query for it
+/// may never come back). Revoked partitions are dropped. Any other error, or
 /// a partition still unstarted after [`FETCH_START_LIMIT`], stops the stage: without the rewind it
 /// cannot know where the fetch position is, and it never skips.
 fn resume_restored(
@@ -951,6 +961,32 @@ fn resume_restored(
                         "restored dedupe partition not fetched yet (its committed offset is still \
                          being fetched); rewinding and resuming it once it is"
                     );
+                }
+                if u.reassigned || u.since.elapsed() < REASSIGN_AFTER {
+                    continue;
+                }
+                // librdkafka's query for the committed offset never came back: start the
+                // fetcher at the offset the restore read (the same place the rewind points).
+                u.reassigned = true;
+                let waited_ms = u.since.elapsed().as_millis() as u64;
+                match hookline_common::kafka::rebalance::reassign_at(consumer, topic, p, target) {
+                    Ok(()) => {
+                        tracing::warn!(
+                            partition = p,
+                            offset = ?target,
+                            waited_ms,
+                            "restored dedupe partition still not fetched: librdkafka never got \
+                             its committed offset; assigned it again at the committed offset the \
+                             restore read"
+                        );
+                        unstarted.remove(&p);
+                    }
+                    Err(e) => tracing::warn!(
+                        partition = p,
+                        error = %e,
+                        "assigning a restored dedupe partition again failed; waiting for \
+                         librdkafka to start it"
+                    ),
                 }
                 continue;
             }

@@ -154,3 +154,65 @@ async fn repeated_rebalances_never_fork_a_retry_chain() {
         "every delivery ended in exactly one dead letter"
     );
 }
+
+/// `reassign_at` (stage B's way out when librdkafka never starts fetching a restored partition):
+/// outside any rebalance callback, a paused partition of a group member is assigned again at a
+/// given offset and fetched from exactly there, and the member keeps its other partitions.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_partition_assigned_again_is_fetched_from_the_given_offset() {
+    use rdkafka::admin::{NewTopic, TopicReplication};
+    use rdkafka::consumer::{BaseConsumer, Consumer};
+    use rdkafka::message::Message;
+    use rdkafka::{ClientConfig, Offset, TopicPartitionList};
+
+    require_kafka();
+    let topic = format!("{}.reassign", unique_prefix("reassign"));
+    admin()
+        .create_topics(
+            [&NewTopic::new(&topic, 2, TopicReplication::Fixed(1))],
+            &admin_opts(),
+        )
+        .await
+        .expect("create topic");
+    let p = producer();
+    for i in 0..10u8 {
+        produce(&p, &topic, Some(0), None, Some(&[i]), &[]).await;
+    }
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap())
+        .set("group.id", format!("{topic}.group"))
+        .set("partition.assignment.strategy", "cooperative-sticky")
+        .set("auto.offset.reset", "latest")
+        .set("enable.auto.commit", "false")
+        .create()
+        .expect("consumer");
+    consumer.subscribe(&[&topic]).expect("subscribe");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while consumer.assignment().map_or(0, |a| a.count()) < 2 {
+        assert!(Instant::now() < deadline, "never assigned both partitions");
+        if let Some(Ok(m)) = consumer.poll(Duration::from_millis(100)) {
+            panic!("read offset {} before any record was due", m.offset());
+        }
+    }
+    // Paused, as stage B holds a partition until its seen-set is restored.
+    let mut p0 = TopicPartitionList::new();
+    p0.add_partition(&topic, 0);
+    consumer.pause(&p0).expect("pause");
+
+    hookline_common::kafka::rebalance::reassign_at(&consumer, &topic, 0, Offset::Offset(3))
+        .expect("reassign_at");
+
+    let mut got = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while got.len() < 7 {
+        assert!(Instant::now() < deadline, "read only offsets {got:?}");
+        if let Some(m) = consumer.poll(Duration::from_millis(100)) {
+            let m = m.expect("consume");
+            assert_eq!(m.partition(), 0);
+            got.push(m.offset());
+        }
+    }
+    assert_eq!(got, (3..10).collect::<Vec<i64>>());
+    let assigned = consumer.assignment().expect("assignment");
+    assert_eq!(assigned.count(), 2, "the member kept its other partition");
+}

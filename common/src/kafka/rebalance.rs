@@ -172,6 +172,28 @@ pub fn commit<C: ConsumerContext, K: Consumer<C>>(consumer: &K) -> Result<(), Ka
     }
 }
 
+/// Assigns `partition` of `topic` to this group member again, starting at `offset`, and resumes
+/// it: for a partition librdkafka never started fetching. Outside a rebalance callback the
+/// incremental (un)assign is local to this consumer (the group's assignment does not change and
+/// no callback runs); an assignment with an explicit offset needs no `OffsetFetch`, so the
+/// fetcher starts at once. Seen once in the network fault test: after a session timeout and a
+/// rejoin over a slow network, librdkafka kept one partition's committed-offset query pending
+/// for good (no error, no retry) while the others started.
+pub fn reassign_at<C: ConsumerContext>(
+    consumer: &BaseConsumer<C>,
+    topic: &str,
+    partition: i32,
+    offset: rdkafka::Offset,
+) -> Result<(), KafkaError> {
+    let mut tpl = TopicPartitionList::new();
+    tpl.add_partition(topic, partition);
+    consumer.incremental_unassign(&tpl)?;
+    let mut at = TopicPartitionList::new();
+    at.add_partition_offset(topic, partition, offset)?;
+    consumer.incremental_assign(&at)?;
+    consumer.resume(&tpl)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
