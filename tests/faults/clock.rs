@@ -6,7 +6,7 @@
 //! twice, and no POST sent twice.
 //!
 //! What it does not step: clocks read inside libraries (librdkafka's record timestamps, which
-//! no stage reads back: tier due times are the broker's LogAppendTime). Until 2026-12-05 the
+//! no stage reads back: tier due times are the broker's LogAppendTime). Until 2026-12-06 the
 //! test preloaded libfaketime, which stepped those too but cannot run beside a whole-process
 //! allocator (docs/performance.md, run 10).
 
