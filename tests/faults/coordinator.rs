@@ -34,6 +34,7 @@ fn committed_offsets_refused_by_a_moved_coordinator_stall_no_consumer() {
         },
     );
     let rate: f64 = env_or("HOOKLINE_TEST_FAULT_RATE", 80.0);
+    coordinators_ready(&sc.prefix);
     proxies.divert(true);
     let stale_at = Instant::now();
     let mut hookline = Hookline::all(&sc.config);
@@ -62,4 +63,30 @@ fn committed_offsets_refused_by_a_moved_coordinator_stall_no_consumer() {
          not happen (are all nine consumer groups still fetching committed offsets?)"
     );
     sc.finish(producing, hookline, &ids, invalid, 0);
+}
+
+/// Waits until the cluster answers a group's committed-offset query (directly, not through the
+/// proxies). On a cluster no group has used yet, the first query creates `__consumer_offsets`
+/// (50 partitions, three replicas), which takes longer than the fault's 8 s: the groups would
+/// spend the window finding their coordinator, not being refused by it.
+fn coordinators_ready(prefix: &str) {
+    use rdkafka::consumer::{BaseConsumer, Consumer};
+    use rdkafka::{ClientConfig, TopicPartitionList};
+    use std::time::Duration;
+
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", crate::harness::bootstrap())
+        .set("group.id", format!("{prefix}.warm-up"))
+        .create()
+        .expect("warm-up consumer");
+    let mut tpl = TopicPartitionList::new();
+    tpl.add_partition(&format!("{prefix}.events"), 0);
+    let deadline = Instant::now() + Duration::from_secs(90);
+    while let Err(e) = consumer.committed_offsets(tpl.clone(), Duration::from_secs(10)) {
+        assert!(
+            Instant::now() < deadline,
+            "no group coordinator answered within 90 s: {e}"
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    }
 }
