@@ -21,6 +21,7 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 
+use crate::conn::Tracking;
 use crate::outcome::FailureClass;
 use crate::ssrf::{BlockedAddress, GuardedResolver, SsrfGuard};
 
@@ -31,17 +32,26 @@ const TCP_KEEPALIVE: Duration = Duration::from_secs(30);
 
 /// The request body: the event's bytes, sent unchanged.
 pub(crate) type Body = Full<Bytes>;
-/// The pooled client every attempt goes through.
-pub(crate) type HttpClient = Client<HttpsConnector<HttpConnector<GuardedResolver>>, Body>;
+/// The client every attempt goes through (its connections [`Tracked`](crate::conn::Tracked)).
+pub(crate) type HttpClient = Client<Tracking<HttpsConnector<HttpConnector<GuardedResolver>>>, Body>;
 
-/// One pooled client for every endpoint: no redirects (hyper-util never follows one), no proxy,
+/// The engine's two clients over one connector.
+pub(crate) struct Clients {
+    /// Pooled: every attempt goes out on it.
+    pub(crate) pooled: HttpClient,
+    /// Never pools: a request that [went stale](crate::conn::went_stale) on a reused pooled
+    /// connection goes out again on it, so surely on a new connection.
+    pub(crate) fresh: HttpClient,
+}
+
+/// The clients for every endpoint: no redirects (hyper-util never follows one), no proxy,
 /// names resolved through the SSRF guard, connect bounded by the timeout, HTTP/2 when a TLS
-/// endpoint offers it (ALPN), HTTP/1.1 otherwise.
+/// endpoint offers it (ALPN), HTTP/1.1 otherwise; `idle_per_host` idle connections pooled.
 pub(crate) fn build(
     http: &HttpConfig,
     guard: Arc<SsrfGuard>,
     idle_per_host: usize,
-) -> anyhow::Result<HttpClient> {
+) -> anyhow::Result<Clients> {
     let mut tcp = HttpConnector::new_with_resolver(GuardedResolver::new(guard));
     // https:// URLs go through the TLS connector wrapping this one.
     tcp.enforce_http(false);
@@ -54,11 +64,18 @@ pub(crate) fn build(
         .enable_http1()
         .enable_http2()
         .wrap_connector(tcp);
-    Ok(Client::builder(TokioExecutor::new())
-        .pool_timer(TokioTimer::new())
-        .pool_idle_timeout(POOL_IDLE_TIMEOUT)
-        .pool_max_idle_per_host(idle_per_host)
-        .build(https))
+    let connector = Tracking(https);
+    let client = |idle: usize| {
+        Client::builder(TokioExecutor::new())
+            .pool_timer(TokioTimer::new())
+            .pool_idle_timeout(POOL_IDLE_TIMEOUT)
+            .pool_max_idle_per_host(idle)
+            .build(connector.clone())
+    };
+    Ok(Clients {
+        pooled: client(idle_per_host),
+        fresh: client(0),
+    })
 }
 
 /// rustls (ring) trusting two root stores: the bundled Mozilla roots and the system store

@@ -21,11 +21,12 @@ use hookline_common::config::{EndpointConfig, HttpConfig};
 use hookline_common::runtime::clock::{now_ms, now_secs};
 use http::header::{HeaderValue, USER_AGENT};
 use http::{Method, Request};
-use prometheus::{IntGauge, Registry};
+use prometheus::{IntCounter, IntGauge, Registry};
 use tokio::sync::watch;
 use tracing::{debug, warn};
 
 use crate::client::{self, truncate_utf8};
+use crate::conn;
 use crate::limits::{EndpointLimits, SlotWait};
 use crate::metrics;
 use crate::outcome::{Admission, AttemptOutcome, AttemptResult, FailureClass};
@@ -45,8 +46,9 @@ pub struct Engine {
 }
 
 struct Inner {
-    /// One pooled client for every endpoint: no redirects, no proxy, the guarded resolver.
-    client: client::HttpClient,
+    /// One pooled client for every endpoint (no redirects, no proxy, the guarded resolver), and
+    /// its never-pooling twin for a request that went stale on a reused connection.
+    clients: client::Clients,
     /// The `user-agent` of every request (`http.user_agent`).
     user_agent: HeaderValue,
     guard: Arc<SsrfGuard>,
@@ -57,11 +59,15 @@ struct Inner {
     warned_blocked: Mutex<HashSet<String>>,
     /// Requests on the wire (holding an endpoint concurrency permit).
     inflight: IntGauge,
+    /// Requests sent again on a new connection (`hookline_delivery_stale_connection_retries_total`).
+    stale_retries: IntCounter,
 }
 
 impl Engine {
-    /// Builds the engine of `stage` (`dispatcher`, `retry`, `replay`); its in-flight gauge is
-    /// registered on `registry` (`hookline_delivery_inflight_requests{stage}`).
+    /// Builds the engine of `stage` (`dispatcher`, `retry`, `replay`); its in-flight gauge and
+    /// its stale-connection counter are registered on `registry`
+    /// (`hookline_delivery_inflight_requests{stage}`,
+    /// `hookline_delivery_stale_connection_retries_total{stage}`).
     ///
     /// `default_endpoint_concurrency` caps concurrent requests to an endpoint that does not set
     /// `max_concurrency`.
@@ -73,7 +79,7 @@ impl Engine {
     ) -> anyhow::Result<Engine> {
         let guard = Arc::new(SsrfGuard::new(&http.allow_cidrs).map_err(anyhow::Error::msg)?);
         let limits = EndpointLimits::new(default_endpoint_concurrency);
-        let client = client::build(http, guard.clone(), default_endpoint_concurrency.max(1))?;
+        let clients = client::build(http, guard.clone(), default_endpoint_concurrency.max(1))?;
         let user_agent = HeaderValue::from_str(&http.user_agent).map_err(|_| {
             anyhow::anyhow!(
                 "http.user_agent is not a valid header value: {:?}",
@@ -81,9 +87,10 @@ impl Engine {
             )
         })?;
         let inflight = metrics::inflight_requests(registry, stage)?;
+        let stale_retries = metrics::stale_connection_retries(registry, stage)?;
         Ok(Engine {
             inner: Arc::new(Inner {
-                client,
+                clients,
                 user_agent,
                 guard,
                 timeout: http.timeout,
@@ -91,6 +98,7 @@ impl Engine {
                 limits,
                 warned_blocked: Mutex::new(HashSet::new()),
                 inflight,
+                stale_retries,
             }),
         })
     }
@@ -245,33 +253,17 @@ impl Engine {
         timeout: Duration,
     ) -> (AttemptResult, Option<Duration>) {
         let deadline = tokio::time::Instant::now() + timeout;
-        let Some(mut headers) =
-            webhook_headers(event_id, now_secs(), attempt, &endpoint.secrets, &body)
-        else {
-            // The deduper rejects such ids; reaching here is a bug upstream, not the endpoint's.
-            let failed = AttemptResult::Failed {
-                class: FailureClass::Io,
-                status: None,
-                snippet: self.cap("event id is not a valid http header value".into()),
-            };
-            return (failed, None);
+        let request = match self.request(endpoint, event_id, &body, attempt) {
+            Ok(request) => request,
+            Err(failed) => return (failed, None),
         };
 
-        headers.insert(USER_AGENT, self.inner.user_agent.clone());
-        // The endpoint's own headers, after ours: the config refuses names that would replace
-        // a webhook-*, content-* or connection header; a `user-agent` of its own wins.
-        for h in &endpoint.headers {
-            let mut value = h.value.clone();
-            value.set_sensitive(h.secret);
-            headers.insert(h.name.clone(), value);
-        }
-        let mut request = Request::new(client::Body::new(body));
-        *request.method_mut() = Method::POST;
-        *request.uri_mut() = endpoint.url.as_uri().clone();
-        *request.headers_mut() = headers;
-
-        // `request` resolves when the status line and headers arrived.
-        let sent = tokio::time::timeout_at(deadline, self.inner.client.request(request)).await;
+        // `send` resolves when the status line and headers arrived.
+        let sent = tokio::time::timeout_at(
+            deadline,
+            self.send(request, endpoint, event_id, &body, attempt),
+        )
+        .await;
         let response = match sent {
             Ok(Ok(response)) => response,
             Ok(Err(err)) => {
@@ -318,6 +310,70 @@ impl Engine {
             }
         };
         (result, retry_after)
+    }
+
+    /// The signed `POST` of `body` to `endpoint`.
+    fn request(
+        &self,
+        endpoint: &EndpointConfig,
+        event_id: &str,
+        body: &Bytes,
+        attempt: u32,
+    ) -> Result<Request<client::Body>, AttemptResult> {
+        let Some(mut headers) =
+            webhook_headers(event_id, now_secs(), attempt, &endpoint.secrets, body)
+        else {
+            // The deduper rejects such ids; reaching here is a bug upstream, not the endpoint's.
+            return Err(AttemptResult::Failed {
+                class: FailureClass::Io,
+                status: None,
+                snippet: self.cap("event id is not a valid http header value".into()),
+            });
+        };
+        headers.insert(USER_AGENT, self.inner.user_agent.clone());
+        // The endpoint's own headers, after ours: the config refuses names that would replace
+        // a webhook-*, content-* or connection header; a `user-agent` of its own wins.
+        for h in &endpoint.headers {
+            let mut value = h.value.clone();
+            value.set_sensitive(h.secret);
+            headers.insert(h.name.clone(), value);
+        }
+        let mut request = Request::new(client::Body::new(body.clone()));
+        *request.method_mut() = Method::POST;
+        *request.uri_mut() = endpoint.url.as_uri().clone();
+        *request.headers_mut() = headers;
+        Ok(request)
+    }
+
+    /// Sends `request` on the pooled client. When it went out on a reused connection that the
+    /// endpoint closed before any byte of a response arrived (RFC 9112 §9.3.1: the server never
+    /// read it), it is built again and sent once more at once on a new connection, counted in
+    /// `hookline_delivery_stale_connection_retries_total`: not the endpoint's failure.
+    async fn send(
+        &self,
+        request: Request<client::Body>,
+        endpoint: &EndpointConfig,
+        event_id: &str,
+        body: &Bytes,
+        attempt: u32,
+    ) -> Result<http::Response<hyper::body::Incoming>, hyper_util::client::legacy::Error> {
+        match self.inner.clients.pooled.request(request).await {
+            Err(err) if conn::went_stale(&err) => {
+                self.inner.stale_retries.inc();
+                debug!(
+                    endpoint = %endpoint.id,
+                    attempt,
+                    error = %err,
+                    "request lost on a reused connection the endpoint had closed; sending it again on a new one"
+                );
+                // The first build succeeded, so this one does too.
+                let Ok(again) = self.request(endpoint, event_id, body, attempt) else {
+                    return Err(err);
+                };
+                self.inner.clients.fresh.request(again).await
+            }
+            sent => sent,
+        }
     }
 
     /// Logs what must be logged (the delivery path counts the attempt).

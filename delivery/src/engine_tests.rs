@@ -609,3 +609,198 @@ async fn metrics_count_attempts_by_result_and_class() {
         .get_value();
     assert_eq!(inflight, 0.0);
 }
+
+/// Reads one HTTP/1 request (head + `content-length` body) from `socket`; `None` at EOF first.
+async fn read_request(socket: &mut tokio::net::TcpStream) -> Option<Vec<u8>> {
+    use tokio::io::AsyncReadExt;
+    let mut data = Vec::new();
+    let mut chunk = [0u8; 4096];
+    loop {
+        if let Some(end) = data.windows(4).position(|w| w == b"\r\n\r\n") {
+            let head = String::from_utf8_lossy(&data[..end]).to_ascii_lowercase();
+            let length: usize = head
+                .lines()
+                .find_map(|l| l.strip_prefix("content-length:"))
+                .map_or(0, |v| v.trim().parse().unwrap_or(0));
+            if data.len() >= end + 4 + length {
+                return Some(data);
+            }
+        }
+        match socket.read(&mut chunk).await {
+            Ok(0) | Err(_) => return None,
+            Ok(n) => data.extend_from_slice(&chunk[..n]),
+        }
+    }
+}
+
+/// A server that reads exactly one request per connection, answers `answer`, keeps the
+/// connection open for `linger` without reading again (no `Connection: close`), then closes it
+/// (a request written meanwhile is unread: the close resets the connection). Counts the
+/// requests it read.
+async fn one_request_per_connection(
+    answer: &'static [u8],
+    linger: Duration,
+) -> (SocketAddr, Arc<AtomicUsize>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let read = Arc::new(AtomicUsize::new(0));
+    let counted = read.clone();
+    tokio::spawn(async move {
+        while let Ok((mut socket, _)) = listener.accept().await {
+            let counted = counted.clone();
+            tokio::spawn(async move {
+                if read_request(&mut socket).await.is_none() {
+                    return;
+                }
+                counted.fetch_add(1, Ordering::SeqCst);
+                let _ = socket.write_all(answer).await;
+                tokio::time::sleep(linger).await;
+                drop(socket);
+            });
+        }
+    });
+    (addr, read)
+}
+
+fn stale_retries(registry: &Registry) -> f64 {
+    registry
+        .gather()
+        .iter()
+        .find(|f| f.name() == metrics::STALE_CONNECTION_RETRIES)
+        .map_or(0.0, |f| f.get_metric()[0].get_counter().get_value())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_lost_on_a_pooled_connection_the_endpoint_closed_goes_out_again_on_a_new_one() {
+    let (addr, read) = one_request_per_connection(
+        b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n",
+        Duration::from_millis(150),
+    )
+    .await;
+    let (engine, registry) = engine_with(&http_config(true));
+    let ep = endpoint(format!("http://{addr}/hook"));
+    // Sequential deliveries: each one after the first finds the connection the previous one
+    // left in the pool, which the server will close unread.
+    for i in 0..20 {
+        let outcome = engine
+            .deliver(&ep, &format!("evt-{i}"), body("{}"), 1)
+            .await;
+        assert!(
+            matches!(outcome.result, AttemptResult::Delivered { status: 200 }),
+            "delivery {i}: {:?}",
+            outcome.result
+        );
+    }
+    // And concurrent ones, over the connections left behind.
+    let ids: Vec<String> = (20..60).map(|i| format!("evt-{i}")).collect();
+    let outcomes =
+        futures::future::join_all(ids.iter().map(|id| engine.deliver(&ep, id, body("{}"), 1)))
+            .await;
+    for (i, outcome) in outcomes.iter().enumerate() {
+        assert!(
+            matches!(outcome.result, AttemptResult::Delivered { status: 200 }),
+            "concurrent delivery {i}: {:?}",
+            outcome.result
+        );
+    }
+    assert_eq!(
+        read.load(Ordering::SeqCst),
+        60,
+        "every request read exactly once"
+    );
+    let again = stale_retries(&registry);
+    println!("requests sent again on a new connection: {again} of 60");
+    assert!(
+        again >= 1.0,
+        "the pooled connections were reused and went stale: {again}"
+    );
+    assert!(again <= 60.0);
+}
+
+#[tokio::test]
+async fn a_reset_after_part_of_a_response_is_not_sent_again() {
+    // The first request on a connection is answered; the second is read, half answered, cut.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let read = Arc::new(AtomicUsize::new(0));
+    let counted = read.clone();
+    tokio::spawn(async move {
+        while let Ok((mut socket, _)) = listener.accept().await {
+            let counted = counted.clone();
+            tokio::spawn(async move {
+                if read_request(&mut socket).await.is_none() {
+                    return;
+                }
+                counted.fetch_add(1, Ordering::SeqCst);
+                let _ = socket
+                    .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n")
+                    .await;
+                if read_request(&mut socket).await.is_none() {
+                    return;
+                }
+                counted.fetch_add(1, Ordering::SeqCst);
+                let _ = socket.write_all(b"HTTP/1.1 20").await;
+                let _ = socket.flush().await;
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            });
+        }
+    });
+    let (engine, registry) = engine_with(&http_config(true));
+    let ep = endpoint(format!("http://{addr}/hook"));
+    let first = engine.deliver(&ep, "evt-1", body("{}"), 1).await;
+    assert!(
+        matches!(first.result, AttemptResult::Delivered { .. }),
+        "{:?}",
+        first.result
+    );
+    let second = engine.deliver(&ep, "evt-2", body("{}"), 1).await;
+    assert!(
+        matches!(
+            second.result,
+            AttemptResult::Failed {
+                class: FailureClass::Io,
+                ..
+            }
+        ),
+        "the endpoint read it and began answering: its failure, {:?}",
+        second.result
+    );
+    assert_eq!(read.load(Ordering::SeqCst), 2);
+    assert_eq!(stale_retries(&registry), 0.0);
+}
+
+#[tokio::test]
+async fn a_reset_on_a_new_connection_is_not_sent_again() {
+    // Reads the request, then closes without a byte: on a fresh connection that is the
+    // endpoint's failure.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    tokio::spawn(async move {
+        while let Ok((mut socket, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let _ = read_request(&mut socket).await;
+            });
+        }
+    });
+    let (engine, registry) = engine_with(&http_config(true));
+    let ep = endpoint(format!("http://{addr}/hook"));
+    let outcome = engine.deliver(&ep, "evt-1", body("{}"), 1).await;
+    assert!(
+        matches!(
+            outcome.result,
+            AttemptResult::Failed {
+                class: FailureClass::Io,
+                ..
+            }
+        ),
+        "{:?}",
+        outcome.result
+    );
+    assert_eq!(stale_retries(&registry), 0.0);
+}

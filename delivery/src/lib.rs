@@ -8,7 +8,8 @@
 //! - [`engine`]: one signed `POST` per attempt, bounded in time and response size, returning an
 //!   [`AttemptOutcome`]; [`limits`]: per-endpoint concurrency caps and saturation;
 //!   [`request`](crate::request): the webhook headers; `client`: the pooled HTTP client, body
-//!   reads and error classes.
+//!   reads and error classes; `conn`: what a connection has carried, so a request lost on a
+//!   pooled connection the endpoint had closed goes out again on a new one.
 //! - [`signing`]: Standard Webhooks v1 signatures (and their verification for tests and the
 //!   reference receiver); [`ssrf`]: blocked address ranges, the allow-list, the guarded resolver.
 //! - [`outcome`]: what an attempt did ([`AttemptResult`], [`FailureClass`]) and its history entry.
@@ -22,6 +23,7 @@
 
 pub mod attempt;
 mod client;
+mod conn;
 pub mod endpoints;
 pub mod engine;
 pub mod filter;

@@ -9,7 +9,11 @@
 //!   endpoint's payload filter kept from it (at fan-out; on a later attempt the delivery is also
 //!   dead-lettered as `endpoint_unsubscribed`);
 //! - `hookline_delivery_inflight_requests{stage}`: requests on the wire, per engine (`dispatcher`,
-//!   `retry` — one engine for every tier of a process — or `replay`).
+//!   `retry` — one engine for every tier of a process — or `replay`);
+//! - `hookline_delivery_stale_connection_retries_total{stage}`, per engine: requests sent again
+//!   at once on a new connection because the reused pooled connection they went out on was
+//!   closed by the endpoint before any byte of a response arrived (not the endpoint's failure,
+//!   not an attempt of its own; see `conn`).
 //!
 //! `stage` is a constant label of each registration, so the dispatcher, the tiers and replay
 //! register the same family on one registry (`run all`). Label values are closed sets: stage
@@ -21,7 +25,9 @@
 
 use std::sync::Arc;
 
-use prometheus::{HistogramOpts, HistogramVec, IntCounterVec, IntGauge, Opts, Registry};
+use prometheus::{
+    HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, Opts, Registry,
+};
 
 use crate::outcome::{AttemptOutcome, AttemptResult, FailureClass};
 
@@ -40,6 +46,8 @@ pub const ALL_ENDPOINTS: &str = "_all";
 
 /// Name of the in-flight request gauge.
 pub const INFLIGHT_REQUESTS: &str = "hookline_delivery_inflight_requests";
+/// Name of the counter of requests sent again on a new connection.
+pub const STALE_CONNECTION_RETRIES: &str = "hookline_delivery_stale_connection_retries_total";
 
 /// The attempt series of one stage (`dispatcher`, `retry.5m`, `replay`). Cheap to clone.
 #[derive(Clone)]
@@ -168,4 +176,20 @@ pub(crate) fn inflight_requests(registry: &Registry, stage: &str) -> prometheus:
     )?;
     registry.register(Box::new(gauge.clone()))?;
     Ok(gauge)
+}
+
+/// The counter of one engine's requests sent again on a new connection.
+pub(crate) fn stale_connection_retries(
+    registry: &Registry,
+    stage: &str,
+) -> prometheus::Result<IntCounter> {
+    let counter = IntCounter::with_opts(
+        Opts::new(
+            STALE_CONNECTION_RETRIES,
+            "Requests sent again on a new connection: the reused connection they went out on was closed by the endpoint before any response byte",
+        )
+        .const_label("stage", stage),
+    )?;
+    registry.register(Box::new(counter.clone()))?;
+    Ok(counter)
 }

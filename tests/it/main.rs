@@ -4,6 +4,7 @@
 mod admin;
 mod bench;
 mod browser;
+mod connections;
 mod control;
 mod controls;
 mod dedupe;
