@@ -19,7 +19,7 @@ use rdkafka::{Offset, TopicPartitionList};
 use tokio::sync::watch;
 
 use hookline_common::config::Config;
-use hookline_common::kafka::{base_config, retry_transient, EofQuietContext};
+use hookline_common::kafka::{base_config, retry_transient_known, EofQuietContext};
 
 const TIMEOUT: Duration = Duration::from_secs(10);
 /// How often an idle tail refreshes its positions (they move past transaction markers).
@@ -145,24 +145,10 @@ impl Tail {
     }
 }
 
-/// [`retry_transient`], also riding out the seconds after a topic was created, when its
-/// partitions may still be unknown to the broker answering.
-fn retry<T>(op: &str, mut call: impl FnMut() -> Result<T, KafkaError>) -> Result<T, KafkaError> {
-    use rdkafka::types::RDKafkaErrorCode as C;
-    let started = std::time::Instant::now();
-    loop {
-        match retry_transient(op, &mut call) {
-            Err(e)
-                if matches!(
-                    e.rdkafka_error_code(),
-                    Some(C::UnknownPartition | C::UnknownTopicOrPartition | C::UnknownTopic)
-                ) && started.elapsed() < TIMEOUT =>
-            {
-                std::thread::sleep(Duration::from_millis(100));
-            }
-            other => return other,
-        }
-    }
+/// [`retry_transient_known`] for up to [`TIMEOUT`]: also riding out the seconds after a topic
+/// was created, or its broker restarted, when its partitions may still be unknown to it.
+fn retry<T>(op: &str, call: impl FnMut() -> Result<T, KafkaError>) -> Result<T, KafkaError> {
+    retry_transient_known(op, TIMEOUT, call)
 }
 
 /// Whether `positions` reached every offset in `ends`.

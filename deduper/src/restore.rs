@@ -14,7 +14,9 @@ use rdkafka::{Offset, TopicPartitionList};
 
 use hookline_common::config::Config;
 use hookline_common::contract::topics::Topics;
-use hookline_common::kafka::{base_config, retry_transient, EofQuietContext};
+use hookline_common::kafka::{
+    base_config, retry_transient, retry_transient_known, EofQuietContext,
+};
 
 use crate::dedupe::{unix_secs, STAGE};
 use crate::seen::SeenSet;
@@ -94,9 +96,12 @@ pub(crate) fn restore(
     let window = config.dedupe.window.as_secs().max(1);
     let mut seen = SeenSet::new(window);
     let state_topic = topics.dedupe_state();
-    let (low, high) = retry_transient(&format!("watermarks of {state_topic}[{partition}]"), || {
-        consumer.fetch_watermarks(&state_topic, partition, Duration::from_secs(15))
-    })
+    // The changelog was checked at start: "unknown partition" is a broker that just restarted.
+    let (low, high) = retry_transient_known(
+        &format!("watermarks of {state_topic}[{partition}]"),
+        Duration::from_secs(15),
+        || consumer.fetch_watermarks(&state_topic, partition, Duration::from_secs(15)),
+    )
     .with_context(|| format!("watermarks of {state_topic}[{partition}]"))?;
     let mut records = 0u64;
     if high > low {

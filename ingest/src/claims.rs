@@ -23,7 +23,7 @@ use anyhow::Context as _;
 use futures::StreamExt as _;
 use hookline_common::config::Config;
 use hookline_common::contract::topics::Topics;
-use hookline_common::kafka::{base_config, retry_transient};
+use hookline_common::kafka::{base_config, retry_transient_known};
 use prometheus::{IntCounter, IntGauge, Registry};
 use rdkafka::consumer::{Consumer, StreamConsumer};
 use rdkafka::producer::{FutureProducer, FutureRecord};
@@ -262,7 +262,9 @@ fn start_positions(
     for p in &partitions {
         query.add_partition_offset(topic, *p, Offset::Offset(since))?;
     }
-    let found = retry_transient(&format!("offsets for times on {topic}"), || {
+    // The partitions were just read from the metadata: "unknown partition" here is a broker
+    // that has not loaded them yet (it just restarted), not a missing topic.
+    let found = retry_transient_known(&format!("offsets for times on {topic}"), timeout, || {
         consumer.offsets_for_times(query.clone(), timeout)
     })
     .with_context(|| format!("finding the start of the window on {topic}"))?;
@@ -270,10 +272,11 @@ fn start_positions(
     let mut starts = Vec::new();
     let mut ends = Vec::new();
     for p in &partitions {
-        let (_, high) = retry_transient(&format!("watermarks of {topic}[{p}]"), || {
-            consumer.fetch_watermarks(topic, *p, timeout)
-        })
-        .with_context(|| format!("watermarks of {topic}[{p}]"))?;
+        let (_, high) =
+            retry_transient_known(&format!("watermarks of {topic}[{p}]"), timeout, || {
+                consumer.fetch_watermarks(topic, *p, timeout)
+            })
+            .with_context(|| format!("watermarks of {topic}[{p}]"))?;
         // No record at or after `since`: start at the end.
         let offset = match found.find_partition(topic, *p).map(|e| e.offset()) {
             Some(Offset::Offset(o)) => o,

@@ -171,10 +171,7 @@ pub async fn run_with(
             result
         });
     }
-    let mut rescan = tokio::time::interval_at(
-        tokio::time::Instant::now() + orphans::RESCAN,
-        orphans::RESCAN,
-    );
+    let mut rescans = (!named).then(|| orphans::rescans(config.clone(), stop.clone()));
     let mut failed = None;
     loop {
         tokio::select! {
@@ -192,14 +189,7 @@ pub async fn run_with(
                     failed.get_or_insert(e);
                 }
             }
-            _ = rescan.tick(), if !named && !stop.is_triggered() => {
-                let found = match orphans::discover(&config).await {
-                    Ok(found) => found,
-                    Err(e) => {
-                        tracing::warn!(error = format!("{e:#}"), "looking for new orphan retry tiers failed; trying again later");
-                        continue;
-                    }
-                };
+            Some(found) = next_rescan(&mut rescans), if !stop.is_triggered() => {
                 for tier in found {
                     if stop.is_triggered() || !running.insert(tier.name.clone()) {
                         continue;
@@ -236,6 +226,16 @@ pub async fn run_with(
     match failed {
         Some(e) => Err(e),
         None => Ok(()),
+    }
+}
+
+/// The next rescan's orphan tiers; pending for ever without rescans (`--tier` named).
+async fn next_rescan(
+    rescans: &mut Option<tokio::sync::mpsc::Receiver<Vec<Tier>>>,
+) -> Option<Vec<Tier>> {
+    match rescans {
+        Some(rx) => rx.recv().await,
+        None => std::future::pending().await,
     }
 }
 

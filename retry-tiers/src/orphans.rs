@@ -12,14 +12,21 @@
 //! schedule does not have at all (n > its length) is dead-lettered at once, without an attempt.
 //!
 //! Discovery runs when the tiers start and again every [`RESCAN`] (a tier topic created later,
-//! e.g. by an older `topics apply` during a rolling change, is picked up). A worker keeps
+//! e.g. by an older `topics apply` during a rolling change, is picked up). Both ride out a broker
+//! that is away for a while (the metadata request goes through `retry_transient`); the rescan
+//! does so on a task of its own ([`rescans`]), so an outage never holds up the tiers' loop or a
+//! shutdown. A worker keeps
 //! running for the life of the process: processes with the old schedule may still write to the
 //! tier. Nothing is deleted: `hookline topics describe` shows what is left on each orphan tier.
 
+use std::sync::Arc;
 use std::time::Duration;
+
+use tokio::sync::mpsc;
 
 use hookline_common::config::Config;
 use hookline_common::kafka;
+use hookline_common::runtime::shutdown::Shutdown;
 
 use crate::due::DueBound;
 use crate::tier::Tier;
@@ -40,4 +47,36 @@ pub(crate) async fn discover(config: &Config) -> anyhow::Result<Vec<Tier>> {
             pacer: None,
         })
         .collect())
+}
+
+/// Rescans every [`RESCAN`] on a task of its own, sending what each finds, until `stop`. A
+/// failed rescan (the broker away for longer than the retry budget) is logged and tried again
+/// at the next one.
+pub(crate) fn rescans(config: Arc<Config>, mut stop: Shutdown) -> mpsc::Receiver<Vec<Tier>> {
+    let (found_tx, found_rx) = mpsc::channel(1);
+    tokio::spawn(async move {
+        let mut every = tokio::time::interval_at(tokio::time::Instant::now() + RESCAN, RESCAN);
+        loop {
+            tokio::select! {
+                _ = every.tick() => {}
+                _ = stop.wait() => return,
+            }
+            let found = tokio::select! {
+                found = discover(&config) => found,
+                _ = stop.wait() => return,
+            };
+            match found {
+                Ok(found) => {
+                    if found_tx.send(found).await.is_err() {
+                        return;
+                    }
+                }
+                Err(e) => tracing::warn!(
+                    error = format!("{e:#}"),
+                    "looking for new orphan retry tiers failed; trying again later"
+                ),
+            }
+        }
+    });
+    found_rx
 }

@@ -25,12 +25,17 @@ use crate::harness::*;
 const WAIT: Duration = Duration::from_secs(60);
 
 /// A `hookline` child with no inherited `HOOKLINE_*` or TLS trust variables, killed on drop.
-struct Hookline {
-    child: Child,
+pub(crate) struct Hookline {
+    pub(crate) child: Child,
 }
 
 impl Hookline {
-    fn start(config: &Path, args: &[&str], env: &[(&str, &str)], log: &Path) -> Hookline {
+    pub(crate) fn start(
+        config: &Path,
+        args: &[&str],
+        env: &[(&str, &str)],
+        log: &Path,
+    ) -> Hookline {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_hookline"));
         for (k, _) in std::env::vars_os() {
             let k = k.to_string_lossy().into_owned();

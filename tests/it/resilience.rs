@@ -25,7 +25,7 @@ use hookline_common::runtime::shutdown;
 use crate::harness::*;
 
 /// Event id header of each record → how many times it was seen.
-fn id_counts(records: &[OwnedMessage]) -> BTreeMap<String, usize> {
+pub(crate) fn id_counts(records: &[OwnedMessage]) -> BTreeMap<String, usize> {
     let mut counts = BTreeMap::new();
     for m in records {
         if let Some(id) = header(m, h::EVENT_ID) {
@@ -382,7 +382,7 @@ pub(crate) fn dedicated_config(bootstrap: &str, prefix: &str) -> Config {
     Config::from_toml_with_env(&text, "test", Vec::new()).expect("config")
 }
 
-async fn produce_ids(bootstrap: &str, topic: &str, ids: &[String]) {
+pub(crate) async fn produce_ids(bootstrap: &str, topic: &str, ids: &[String]) {
     let p: FutureProducer = ClientConfig::new()
         .set("bootstrap.servers", bootstrap)
         .set("enable.idempotence", "true")
@@ -407,7 +407,7 @@ async fn produce_ids(bootstrap: &str, topic: &str, ids: &[String]) {
 }
 
 /// Reads `topic` on `bootstrap` (read_committed) until `done` or the deadline.
-fn read_from(
+pub(crate) fn read_from(
     bootstrap: &str,
     topic: &str,
     deadline: Duration,

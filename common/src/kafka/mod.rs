@@ -297,7 +297,10 @@ pub async fn topic_names(
         .context("creating a Kafka metadata client")?;
     // A metadata request blocks: keep it off the async workers.
     tokio::task::spawn_blocking(move || {
-        client.fetch_metadata(None, timeout).map(|md| {
+        retry_transient("fetching cluster metadata", || {
+            client.fetch_metadata(None, timeout)
+        })
+        .map(|md| {
             md.topics()
                 .iter()
                 .map(|t| t.name().to_string())
@@ -322,23 +325,28 @@ async fn unprocessed_records(
     let consumer: BaseConsumer = c.create().context("creating an offsets client")?;
     let topic = tier.topic.clone();
     tokio::task::spawn_blocking(move || -> anyhow::Result<i64> {
-        let md = consumer
-            .fetch_metadata(Some(&topic), timeout)
-            .with_context(|| format!("metadata of {topic}"))?;
+        let md = retry_transient(&format!("metadata of {topic}"), || {
+            consumer.fetch_metadata(Some(&topic), timeout)
+        })
+        .with_context(|| format!("metadata of {topic}"))?;
         let mut tpl = rdkafka::TopicPartitionList::new();
         for t in md.topics() {
             for p in t.partitions() {
                 tpl.add_partition(&topic, p.id());
             }
         }
-        let committed = consumer
-            .committed_offsets(tpl, timeout)
-            .with_context(|| format!("committed offsets of {topic}"))?;
+        let committed = retry_transient(&format!("committed offsets of {topic}"), || {
+            consumer.committed_offsets(tpl.clone(), timeout)
+        })
+        .with_context(|| format!("committed offsets of {topic}"))?;
         let mut total = 0;
         for e in committed.elements() {
-            let (low, high) = consumer
-                .fetch_watermarks(&topic, e.partition(), timeout)
-                .with_context(|| format!("watermarks of {topic}[{}]", e.partition()))?;
+            let (low, high) = retry_transient_known(
+                &format!("watermarks of {topic}[{}]", e.partition()),
+                timeout,
+                || consumer.fetch_watermarks(&topic, e.partition(), timeout),
+            )
+            .with_context(|| format!("watermarks of {topic}[{}]", e.partition()))?;
             let from = match e.offset() {
                 rdkafka::Offset::Offset(o) => o.max(low),
                 _ => low,
@@ -509,18 +517,7 @@ pub fn topic_partitions<C: ClientContext>(
                 .filter(|t| t.name() == topic)
                 .flat_map(|t| t.partitions().iter().map(|p| p.id()))
                 .collect(),
-            Err(e)
-                if matches!(
-                    e.rdkafka_error_code(),
-                    Some(
-                        RDKafkaErrorCode::UnknownPartition
-                            | RDKafkaErrorCode::UnknownTopicOrPartition
-                            | RDKafkaErrorCode::UnknownTopic
-                    )
-                ) =>
-            {
-                Vec::new()
-            }
+            Err(e) if is_unknown_partition(&e) => Vec::new(),
             Err(e) => return Err(e).with_context(|| format!("reading the metadata of {topic}")),
         };
         if !ids.is_empty() {
@@ -564,6 +561,43 @@ pub fn retry_transient<T>(
             Err(e) => return Err(e),
         }
     }
+}
+
+/// [`retry_transient`] for a call on a topic known to exist (checked at start, or just read
+/// from the metadata): "unknown topic or partition" is retried too, for up to `unknown_for`. A
+/// broker that just restarted, or one that did not see a topic created seconds ago yet, answers
+/// it until it has loaded the partition; a topic that really is gone still fails after that.
+pub fn retry_transient_known<T>(
+    op: &str,
+    unknown_for: Duration,
+    mut call: impl FnMut() -> Result<T, KafkaError>,
+) -> Result<T, KafkaError> {
+    let started = Instant::now();
+    let mut logged = false;
+    loop {
+        match retry_transient(op, &mut call) {
+            Err(e) if is_unknown_partition(&e) && started.elapsed() < unknown_for => {
+                if !logged {
+                    tracing::info!(op, error = %e, "partition not known to the broker yet; retrying");
+                    logged = true;
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            other => return other,
+        }
+    }
+}
+
+/// "Unknown topic or partition", in librdkafka's local and the broker's forms.
+fn is_unknown_partition(e: &KafkaError) -> bool {
+    matches!(
+        e.rdkafka_error_code(),
+        Some(
+            RDKafkaErrorCode::UnknownPartition
+                | RDKafkaErrorCode::UnknownTopicOrPartition
+                | RDKafkaErrorCode::UnknownTopic
+        )
+    )
 }
 
 /// The context of readers that stop at the end of a partition (`enable.partition.eof`):
@@ -675,6 +709,39 @@ mod tests {
         });
         assert!(r.is_err());
         assert_eq!(calls, 1, "a non-transient error is not retried");
+    }
+
+    #[test]
+    fn an_unknown_partition_of_a_known_topic_is_retried_for_a_bounded_time() {
+        let unknown = || KafkaError::MetadataFetch(RDKafkaErrorCode::UnknownPartition);
+        assert!(
+            !is_transient(&unknown()),
+            "elsewhere it means: no such topic"
+        );
+        let mut calls = 0;
+        let r = retry_transient_known("test op", Duration::from_secs(5), || {
+            calls += 1;
+            match calls {
+                1 => Err(KafkaError::MetadataFetch(
+                    RDKafkaErrorCode::BrokerTransportFailure,
+                )),
+                2 | 3 => Err(unknown()),
+                _ => Ok(calls),
+            }
+        });
+        assert_eq!(
+            r.ok(),
+            Some(4),
+            "transport failure, then unknown twice, then an answer"
+        );
+        let started = Instant::now();
+        let r: Result<(), _> =
+            retry_transient_known("test op", Duration::from_millis(300), || Err(unknown()));
+        assert!(is_unknown_partition(&r.expect_err("still unknown")));
+        assert!(
+            started.elapsed() < Duration::from_secs(2),
+            "bounded by unknown_for"
+        );
     }
 
     /// `kafka.options` may tune latency (linger, fetch waits) but never turn off what
