@@ -5,7 +5,9 @@
 # from the Maven jars, then runs tests/containers against the Compose stack: demo delivery, the
 # dashboard, kill -9 / SIGTERM of the pipeline, down/up keeping the dead letters, the stages
 # scaled with a replica killed, the Kubernetes pods started from the image.
-# Needs a Docker engine and `docker compose` (scripts/install-container-tools.sh). Bounded by
+# Needs a Docker engine, `docker compose` and mmdebstrap (scripts/install-container-tools.sh), and
+# for its Kubernetes step the deploy tools' Python and kustomize (scripts/install-deploy-tools.sh):
+# all checked first, each missing one named with its script. Bounded by
 # HOOKLINE_TEST_CONTAINER_TIMEOUT seconds [900]. Leaves nothing running (compose down -v).
 # Last line: "test-containers: N passed, M failed".
 set -euo pipefail
@@ -26,8 +28,29 @@ fail() {
   exit 1
 }
 
-docker info >/dev/null 2>&1 || fail "no Docker engine answers (run scripts/install-container-tools.sh as root)"
-docker compose version >/dev/null 2>&1 || fail "docker compose is missing (run scripts/install-container-tools.sh)"
+# Every tool the run needs, checked before anything is built: a missing one is named at once
+# with the script that installs it, not minutes later at the step that needs it.
+tools=${HOOKLINE_TOOLS:-$HOME/.cache/hookline/deploy-tools}
+export HOOKLINE_TEST_PYTHON=${HOOKLINE_TEST_PYTHON:-$tools/venv/bin/python}
+export HOOKLINE_TEST_KUSTOMIZE=${HOOKLINE_TEST_KUSTOMIZE:-$tools/bin/kustomize}
+missing=()
+need() { missing+=("$1 — run $2"); }
+container_tools="scripts/install-container-tools.sh (as root)"
+deploy_tools="scripts/install-deploy-tools.sh"
+docker info >/dev/null 2>&1 || need "a Docker engine that answers (docker info)" "$container_tools"
+docker compose version >/dev/null 2>&1 || need "docker compose" "$container_tools"
+if ! docker image inspect debian:bookworm-slim >/dev/null 2>&1; then
+  command -v mmdebstrap >/dev/null || need "mmdebstrap (to make the base image)" "$container_tools"
+fi
+"$HOOKLINE_TEST_PYTHON" -c 'import yaml' >/dev/null 2>&1 ||
+  need "a Python with PyYAML for the Kubernetes step ($HOOKLINE_TEST_PYTHON; or set HOOKLINE_TEST_PYTHON)" "$deploy_tools"
+[[ -x $HOOKLINE_TEST_KUSTOMIZE ]] || command -v "$HOOKLINE_TEST_KUSTOMIZE" >/dev/null 2>&1 ||
+  need "kustomize for the Kubernetes step ($HOOKLINE_TEST_KUSTOMIZE; or set HOOKLINE_TEST_KUSTOMIZE)" "$deploy_tools"
+if ((${#missing[@]})); then
+  echo "error: the container tests need tools that are not installed; nothing was built:" >&2
+  printf '  - %s\n' "${missing[@]}" >&2
+  fail "install them (the scripts named above), then run again"
+fi
 
 echo "--- base image (deploy/docker/base-image)"
 deploy/docker/base-image || fail "the base image could not be made"
@@ -52,10 +75,7 @@ echo "built hookline:local in $(($(date +%s) - b0))s: $(docker image inspect -f 
 echo "--- image hookline/kafka:4.1.1-maven (deploy/docker/kafka/build)"
 deploy/docker/kafka/build || fail "the Kafka image could not be built"
 
-tools=${HOOKLINE_TOOLS:-$HOME/.cache/hookline/deploy-tools}
 export HOOKLINE_TEST_KAFKA=127.0.0.1:9094
-export HOOKLINE_TEST_PYTHON=${HOOKLINE_TEST_PYTHON:-$tools/venv/bin/python}
-export HOOKLINE_TEST_KUSTOMIZE=${HOOKLINE_TEST_KUSTOMIZE:-$tools/bin/kustomize}
 
 compose=(docker compose -p hookline -f docker-compose.yml -f deploy/compose/kafka-maven.yml
   -f deploy/compose/stages.yml -f tests/containers/service-links.yml)

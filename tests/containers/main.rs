@@ -905,7 +905,13 @@ fn compose_stack_runs_as_users_run_it() {
         "--secrets-key-file",
         "deploy/compose/secrets-key.env",
     ]);
-    let status = k8s.status().expect("run scripts/check_k8s_run.py");
+    let status = k8s.status().unwrap_or_else(|e| {
+        panic!(
+            "run {:?} scripts/check_k8s_run.py: {e} (the deploy tools' Python: run \
+             scripts/install-deploy-tools.sh, or set HOOKLINE_TEST_PYTHON)",
+            k8s.get_program()
+        )
+    });
     assert!(
         status.success(),
         "the Kubernetes pods did not all run (above)"

@@ -6,7 +6,7 @@
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -23,48 +23,6 @@ use crate::harness::*;
 
 /// Generous waits: tests share a 2-core machine with the broker and each other.
 const WAIT: Duration = Duration::from_secs(60);
-
-/// A `hookline` child with no inherited `HOOKLINE_*` or TLS trust variables, killed on drop.
-pub(crate) struct Hookline {
-    pub(crate) child: Child,
-}
-
-impl Hookline {
-    pub(crate) fn start(
-        config: &Path,
-        args: &[&str],
-        env: &[(&str, &str)],
-        log: &Path,
-    ) -> Hookline {
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_hookline"));
-        for (k, _) in std::env::vars_os() {
-            let k = k.to_string_lossy().into_owned();
-            if k.starts_with("HOOKLINE_") || k == "SSL_CERT_FILE" || k == "SSL_CERT_DIR" {
-                cmd.env_remove(k);
-            }
-        }
-        let stderr = std::fs::File::create(log).expect("log file");
-        let child = cmd
-            .arg("--config")
-            .arg(config)
-            .args(args)
-            .env("HOOKLINE_SECRETS_KEY", crate::harness::secrets_key())
-            .envs(env.iter().copied())
-            .env_remove("RUST_LOG")
-            .stdout(Stdio::null())
-            .stderr(stderr)
-            .spawn()
-            .expect("start hookline");
-        Hookline { child }
-    }
-}
-
-impl Drop for Hookline {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
 
 fn run(cmd: &mut Command) {
     let out = cmd.output().expect("run command");

@@ -5,6 +5,8 @@
 //! broker fails the test loudly: start one with `deploy/local/kafka start` (`make test` does).
 
 use std::collections::HashMap;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -332,4 +334,46 @@ pub fn secrets_key() -> String {
     static KEY: std::sync::OnceLock<String> = std::sync::OnceLock::new();
     KEY.get_or_init(hookline_control::Keyring::generate_key)
         .clone()
+}
+
+/// A `hookline` child with no inherited `HOOKLINE_*` or TLS trust variables, killed on drop.
+pub(crate) struct Hookline {
+    pub(crate) child: Child,
+}
+
+impl Hookline {
+    pub(crate) fn start(
+        config: &Path,
+        args: &[&str],
+        env: &[(&str, &str)],
+        log: &Path,
+    ) -> Hookline {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_hookline"));
+        for (k, _) in std::env::vars_os() {
+            let k = k.to_string_lossy().into_owned();
+            if k.starts_with("HOOKLINE_") || k == "SSL_CERT_FILE" || k == "SSL_CERT_DIR" {
+                cmd.env_remove(k);
+            }
+        }
+        let stderr = std::fs::File::create(log).expect("log file");
+        let child = cmd
+            .arg("--config")
+            .arg(config)
+            .args(args)
+            .env("HOOKLINE_SECRETS_KEY", secrets_key())
+            .envs(env.iter().copied())
+            .env_remove("RUST_LOG")
+            .stdout(Stdio::null())
+            .stderr(stderr)
+            .spawn()
+            .expect("start hookline");
+        Hookline { child }
+    }
+}
+
+impl Drop for Hookline {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
 }

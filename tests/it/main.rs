@@ -24,5 +24,6 @@ mod receiver;
 mod resilience;
 mod retry;
 mod retry_guards;
+mod scripts;
 mod topics;
 mod validation;

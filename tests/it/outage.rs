@@ -11,7 +11,6 @@ use std::time::{Duration, Instant};
 use hookline_common::runtime::ops::Readiness;
 use hookline_common::runtime::shutdown;
 
-use crate::deploy::Hookline;
 use crate::harness::*;
 use crate::receiver::Receiver;
 use crate::resilience::{id_counts, produce_ids, read_from, DedicatedBroker};
