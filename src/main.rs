@@ -234,6 +234,18 @@ async fn run_command(
     config: Arc<Config>,
     config_path: &std::path::Path,
 ) -> anyhow::Result<ExitCode> {
+    // `topics describe` prints the plan without a broker; every other command needs one.
+    let describe = matches!(
+        command,
+        Command::Topics {
+            command: TopicsCommand::Describe
+        }
+    );
+    if !describe {
+        if let Some(code) = check_kafka_access(&config, config_path).await? {
+            return Ok(code);
+        }
+    }
     match command {
         Command::Topics {
             command: TopicsCommand::Describe,
@@ -418,6 +430,42 @@ async fn run_stages(
         Some(e) => Err(e),
         None => Ok(()),
     }
+}
+
+/// The login check of `kafka::access` before any Kafka client starts: a refused login (SASL,
+/// TLS) stops the command within seconds with its own exit code (10–16) and a line naming the
+/// listener, the mechanism and the fix; options librdkafka rejects are a config error (2). An
+/// unreachable cluster is not decided here: the stages wait for it.
+async fn check_kafka_access(
+    config: &Arc<Config>,
+    config_path: &std::path::Path,
+) -> anyhow::Result<Option<ExitCode>> {
+    use kafka::access::CheckError;
+    let c = config.clone();
+    let checked = tokio::task::spawn_blocking(move || kafka::access::check(&c))
+        .await
+        .context("the kafka access check panicked")?;
+    Ok(match checked {
+        Ok(()) => None,
+        Err(CheckError::Refused(e)) => {
+            tracing::error!(
+                refusal = ?e.refusal,
+                listener = %e.listener,
+                mechanism = %e.mechanism,
+                fix = %e.fix,
+                cause = %e.cause,
+                exit_code = e.exit_code(),
+                "kafka refused access; stopping"
+            );
+            eprintln!("error: {e}");
+            Some(ExitCode::from(e.exit_code()))
+        }
+        Err(CheckError::Options(msg)) => {
+            tracing::error!(error = %msg, "kafka.options rejected by librdkafka");
+            eprintln!("{}: {msg}", config_path.display());
+            Some(ExitCode::from(2))
+        }
+    })
 }
 
 /// `hookline endpoints test ID`: one signed `hookline.test` event through the delivery engine,

@@ -592,18 +592,6 @@ fn compose_secrets_key(root: &Path) -> String {
         .expect("the compose env file sets HOOKLINE_SECRETS_KEY")
 }
 
-/// The `addr` of the first JSON log line whose message starts with `message`.
-fn logged_addr(log: &Path, message: &str) -> Option<String> {
-    let text = std::fs::read_to_string(log).ok()?;
-    text.lines().find_map(|l| {
-        let v: serde_json::Value = serde_json::from_str(l).ok()?;
-        if !v["message"].as_str()?.starts_with(message) {
-            return None;
-        }
-        v["addr"].as_str().map(str::to_string)
-    })
-}
-
 /// The Compose `admin` service's process: `hookline run admin` with deploy/compose/hookline.toml
 /// and the stack's endpoint secrets key (it seeds the config's endpoints, sealed with it),
 /// listening on all interfaces as the service does (`HOOKLINE_ADMIN__LISTEN`, here on a free

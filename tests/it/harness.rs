@@ -318,10 +318,15 @@ pub fn write_config(prefix: &str, kafka_extra: &str) -> std::path::PathBuf {
 
 /// The ops server address a `hookline run …` child logged (`[log] format = "json"`) to `log`.
 pub fn ops_addr(log: &std::path::Path) -> Option<String> {
+    logged_addr(log, "ops server listening")
+}
+
+/// The `addr` of the first JSON log line whose message starts with `message`.
+pub fn logged_addr(log: &std::path::Path, message: &str) -> Option<String> {
     let text = std::fs::read_to_string(log).ok()?;
     text.lines().find_map(|l| {
         let v: serde_json::Value = serde_json::from_str(l).ok()?;
-        if !v["message"].as_str()?.starts_with("ops server listening") {
+        if !v["message"].as_str()?.starts_with(message) {
             return None;
         }
         v["addr"].as_str().map(str::to_string)

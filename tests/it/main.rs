@@ -25,5 +25,6 @@ mod resilience;
 mod retry;
 mod retry_guards;
 mod scripts;
+mod secured;
 mod topics;
 mod validation;

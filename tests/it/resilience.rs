@@ -319,16 +319,25 @@ pub(crate) struct DedicatedBroker {
     port: u16,
     controller_port: u16,
     data_dir: PathBuf,
+    /// More of deploy/local/kafka's settings (the secured listeners).
+    env: Vec<(String, String)>,
+}
+
+/// A port nothing listens on right now.
+pub(crate) fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port")
 }
 
 impl DedicatedBroker {
     pub(crate) fn start_new(name: &str) -> Self {
-        let free_port = || {
-            std::net::TcpListener::bind("127.0.0.1:0")
-                .and_then(|l| l.local_addr())
-                .map(|a| a.port())
-                .expect("a free port")
-        };
+        Self::start_with(name, Vec::new())
+    }
+
+    /// [`DedicatedBroker::start_new`] with more of deploy/local/kafka's environment.
+    pub(crate) fn start_with(name: &str, env: Vec<(String, String)>) -> Self {
         let port = free_port();
         let mut controller_port = free_port();
         while controller_port == port {
@@ -338,9 +347,14 @@ impl DedicatedBroker {
             port,
             controller_port,
             data_dir: std::env::temp_dir().join(unique_prefix(name)),
+            env,
         };
         broker.run("start");
         broker
+    }
+
+    pub(crate) fn data_dir(&self) -> &std::path::Path {
+        &self.data_dir
     }
 
     pub(crate) fn bootstrap(&self) -> String {
@@ -356,6 +370,7 @@ impl DedicatedBroker {
             .env("KAFKA_DATA_DIR", &self.data_dir)
             // A small heap: the machine is shared.
             .env("KAFKA_HEAP", "-Xmx512m -Xms256m")
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
             .output()
             .expect("run deploy/local/kafka");
         assert!(

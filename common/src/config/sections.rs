@@ -15,7 +15,7 @@ pub const MAX_PAYLOAD_LIMIT: usize = 4 * 1024 * 1024;
 /// Upper bound of `input.max_key_bytes`.
 pub const MAX_KEY_LIMIT: usize = 1024 * 1024;
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct KafkaConfig {
     /// `host:port[,host:port…]`.
@@ -29,6 +29,24 @@ pub struct KafkaConfig {
     /// Optional static membership id (`group.instance.id`), e.g. the pod name.
     #[serde(default)]
     pub instance_id: Option<String>,
+}
+
+/// `options` by key only: they hold `sasl.password`, `ssl.key.password`, `ssl.key.pem`…
+impl std::fmt::Debug for KafkaConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KafkaConfig")
+            .field("bootstrap_servers", &self.bootstrap_servers)
+            .field(
+                "options",
+                &format_args!(
+                    "[{} redacted]",
+                    self.options.keys().cloned().collect::<Vec<_>>().join(", ")
+                ),
+            )
+            .field("group_prefix", &self.group_prefix)
+            .field("instance_id", &self.instance_id)
+            .finish()
+    }
 }
 
 impl KafkaConfig {

@@ -124,6 +124,11 @@ fn env_overrides_apply_and_are_typed() {
     assert_eq!(c.topics.prefix, "t1");
     assert_eq!(c.retry.schedule.len(), 2);
     assert_eq!(c.kafka.options["sasl.password"], "123");
+    let debug = format!("{:?}", c.kafka);
+    assert!(
+        debug.contains("sasl.password") && !debug.contains("123"),
+        "{debug}"
+    );
 }
 
 #[test]

@@ -18,8 +18,11 @@
 //!   posted to the loop); [`ownership`]: per-partition assignment generations and the gate every
 //!   hand-off or dead letter passes, so work of a revoked partition never writes; [`progress`]:
 //!   out-of-order completion, contiguous offsets to store;
-//! - [`closing`]: every client close bounded, on a thread of its own.
+//! - [`closing`]: every client close bounded, on a thread of its own;
+//! - [`access`]: the login check every Kafka command runs first (a refused SASL or TLS login
+//!   named, with an exit code of its own, instead of a transport error after two minutes).
 
+pub mod access;
 pub mod closing;
 pub mod ownership;
 pub mod produce;
