@@ -18,6 +18,7 @@ use hookline_common::runtime::shutdown;
 mod demo;
 mod malloc;
 mod telemetry;
+mod traces;
 
 #[derive(Parser)]
 #[command(
@@ -196,6 +197,22 @@ fn main() -> ExitCode {
                 }
             };
             telemetry::init(&config.log);
+            let process = match &command {
+                Command::Run { stage, .. } => stage
+                    .to_possible_value()
+                    .map_or("run".to_string(), |v| format!("run {}", v.get_name())),
+                Command::Replay(_) => "replay".into(),
+                Command::Endpoints { .. } => "endpoints".into(),
+                _ => "tool".into(),
+            };
+            // Kept until the end: flushes the last spans.
+            let _export = match traces::init(&config.traces, &process) {
+                Ok(export) => export,
+                Err(e) => {
+                    eprintln!("{}: {e:#}", cli.config.display());
+                    return ExitCode::from(2);
+                }
+            };
             if !config.ignored_env.is_empty() {
                 // A Service named `hookline…` in the namespace: harmless, said once.
                 tracing::info!(

@@ -861,6 +861,7 @@ mod delivery_headers {
             dead_reason: option(u, |u| u.choose(&REASONS).copied())?,
             dead_at_ms: option(u, |u| u.arbitrary())?,
             replay_key: option(u, text)?,
+            trace: option(u, text)?,
         })
     }
 

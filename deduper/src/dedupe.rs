@@ -60,6 +60,7 @@ use rdkafka::{Offset, TopicPartitionList};
 use hookline_common::config::Config;
 use hookline_common::contract::envelope::Validator;
 use hookline_common::contract::event_headers::EventHeaders;
+use hookline_common::contract::headers as h;
 use hookline_common::contract::keyhash::key_hash;
 use hookline_common::contract::quarantine::{self, Source};
 use hookline_common::contract::topics::Topics;
@@ -70,6 +71,7 @@ use hookline_common::kafka::{
 };
 use hookline_common::runtime::ops::StageProbe;
 use hookline_common::runtime::shutdown::Shutdown;
+use hookline_common::runtime::traces::{self, Kind, Span, TRACEPARENT, TRACE_HEADER};
 
 use crate::metrics::{DedupeMetrics, ValidateMetrics};
 use crate::rebalance::DedupeContext;
@@ -89,6 +91,33 @@ pub const STAGE: &str = "deduper.dedupe";
 const TRANSACTION_TIMEOUT: Duration = Duration::from_secs(10);
 /// Timeout handed to each transactional call.
 pub(crate) const TXN_CALL_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The dedupe span of one event (nothing while tracing is off): a child of the producer's
+/// `traceparent`, or the root of a new trace; `kept` or `dropped`. Returns the context a first
+/// sighting's dispatch record carries (`hookline-trace`) for its attempts.
+fn dedupe_span(parent: Option<&str>, event_id: Option<&str>, first: bool) -> Option<String> {
+    if !traces::enabled() {
+        return None;
+    }
+    let mut span = Span::start("hookline.dedupe", Kind::Consumer, parent, None);
+    if let Some(id) = event_id {
+        span.str("hookline.event.id", id);
+    }
+    span.str(
+        "hookline.dedupe.outcome",
+        if first { "kept" } else { "dropped" },
+    );
+    span.traceparent()
+}
+
+/// A header of a record being built, as text.
+fn owned_header<'a>(headers: &'a OwnedHeaders, name: &str) -> Option<&'a str> {
+    headers
+        .iter()
+        .find(|hd| hd.key == name)
+        .and_then(|hd| hd.value)
+        .and_then(|v| std::str::from_utf8(v).ok())
+}
 
 /// The seen-set's coarse time: unix seconds (at least 1: 0 marks an empty slot).
 pub(crate) fn unix_secs() -> u32 {
@@ -443,6 +472,7 @@ impl Core {
             }
         };
         self.begin_if_needed()?;
+        let trace = dedupe_span(h::get(msg, TRACEPARENT), h::get(msg, h::EVENT_ID), first);
         if first {
             let mut headers = OwnedHeaders::new();
             if let Some(src) = msg.headers() {
@@ -452,6 +482,12 @@ impl Core {
                         value: hd.value,
                     });
                 }
+            }
+            if let Some(t) = &trace {
+                headers = headers.insert(Header {
+                    key: TRACE_HEADER,
+                    value: Some(t.as_bytes()),
+                });
             }
             let hash = key.as_deref().map(key_hash);
             self.forward_first(msg, hash, now, msg.key(), msg.payload(), headers)?;
@@ -489,14 +525,26 @@ impl Core {
                     Some(PartState::Ready(seen)) => seen.check_and_insert(hash, now),
                     _ => true,
                 };
+                let trace = dedupe_span(
+                    h::get(msg, TRACEPARENT),
+                    owned_header(&record.headers, h::EVENT_ID),
+                    first,
+                );
                 if first {
+                    let headers = match &trace {
+                        Some(t) => record.headers.insert(Header {
+                            key: TRACE_HEADER,
+                            value: Some(t.as_bytes()),
+                        }),
+                        None => record.headers,
+                    };
                     self.forward_first(
                         msg,
                         Some(hash),
                         now,
                         record.key.as_deref(),
                         record.value.as_deref(),
-                        record.headers,
+                        headers,
                     )?;
                 } else {
                     self.metrics.emit_duplicate();

@@ -20,6 +20,11 @@
 //!
 //! A delivery with no history (the dispatcher's) starts its schedule when attempt 1 starts, or
 //! when it is deferred.
+//!
+//! Traces (while `traces.enabled`): each attempt is a `hookline.attempt` span, child of the
+//! delivery's `hookline-trace` (the dedupe span, a tier wait, a replay), whose `traceparent`
+//! goes on the request; a replay adds a `hookline.replay` span before its attempt, a dead letter
+//! a `hookline.dead_letter` span; the record handed on carries the last of them.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -30,6 +35,7 @@ use hookline_common::contract::quarantine::Source;
 use hookline_common::contract::topics::Topics;
 use hookline_common::kafka::produce::WriteGate;
 use hookline_common::runtime::clock::now_ms;
+use hookline_common::runtime::traces::{self, Kind, Span};
 use tokio::sync::watch;
 
 use crate::endpoints::LiveEndpoints;
@@ -272,6 +278,20 @@ impl DeliveryPath {
         origin: Origin<'_>,
     ) -> Result<Report, HopError> {
         let replay = matches!(turn, Turn::Replay { .. });
+        if let Turn::Replay { replay_key, .. } = &turn {
+            if traces::enabled() {
+                let mut span = Span::start(
+                    "hookline.replay",
+                    Kind::Internal,
+                    d.meta.trace.as_deref(),
+                    None,
+                );
+                span.str("hookline.replay.key", replay_key.as_str());
+                span.str("hookline.event.id", d.meta.event_id.as_str());
+                span.str("hookline.endpoint.id", d.meta.endpoint_id.as_str());
+                d.meta.trace = span.traceparent();
+            }
+        }
         let waited_ms = match turn {
             Turn::Paced { waited_ms } => waited_ms,
             _ => 0,
@@ -313,21 +333,41 @@ impl DeliveryPath {
             .cutoff
             .clone()
             .unwrap_or_else(|| watch::channel(false).1);
-        let admission = if !replay && hop::can_defer(&d.meta, &self.schedule) {
-            self.engine
-                .deliver_unless_saturated(&endpoint, &d.meta.event_id, body, attempt, cutoff)
-                .await
-        } else {
-            // The last slot, or a replay: nothing to defer to, the attempt waits for a slot.
-            let outcome = self
-                .engine
-                .deliver_or_cut(&endpoint, &d.meta.event_id, body, attempt, cutoff)
-                .await;
-            Admission::Attempted(outcome)
+        let mut span = Span::start(
+            "hookline.attempt",
+            Kind::Client,
+            d.meta.trace.as_deref(),
+            None,
+        );
+        let propagated = span.traceparent().filter(|_| traces::propagate());
+        if span.is_live() {
+            span.str("hookline.event.id", d.meta.event_id.as_str());
+            span.str("hookline.endpoint.id", endpoint.id.as_str());
+            span.int("hookline.attempt", i64::from(attempt));
+            span.str("hookline.stage", stage.stage());
+        }
+        let attempted = async {
+            if !replay && hop::can_defer(&d.meta, &self.schedule) {
+                self.engine
+                    .deliver_unless_saturated(&endpoint, &d.meta.event_id, body, attempt, cutoff)
+                    .await
+            } else {
+                // The last slot, or a replay: nothing to defer to, the attempt waits for a slot.
+                let outcome = self
+                    .engine
+                    .deliver_or_cut(&endpoint, &d.meta.event_id, body, attempt, cutoff)
+                    .await;
+                Admission::Attempted(outcome)
+            }
+        };
+        let admission = match propagated {
+            Some(tp) => crate::engine::TRACEPARENT.scope(tp, attempted).await,
+            None => attempted.await,
         };
         let outcome = match admission {
             Admission::Attempted(outcome) => outcome,
             Admission::Saturated { busy } => {
+                span.str("hookline.outcome", "deferred");
                 if fresh {
                     d.meta.first_attempt_ms = now_ms();
                 }
@@ -340,6 +380,10 @@ impl DeliveryPath {
         stage.observe(&outcome, self.label(&d.meta.endpoint_id));
         if fresh {
             d.meta.first_attempt_ms = outcome.started_at_ms;
+        }
+        if span.is_live() {
+            span_outcome(&mut span, &outcome);
+            d.meta.trace = span.traceparent();
         }
         if outcome.result.is_delivered() {
             self.observe(stage, &d.meta, &outcome, None, waited_ms);
@@ -370,6 +414,13 @@ impl DeliveryPath {
             Some(hop.label(self.topics())),
             waited_ms,
         );
+        if span.is_live() {
+            span.str("hookline.next", hop.label(self.topics()));
+            if let Hop::Retry { due_ms, .. } = &hop {
+                span.int("hookline.next.due_ms", *due_ms);
+            }
+        }
+        drop(span);
         self.hand(d, Some(outcome), Why::Failed, hop, &origin).await
     }
 
@@ -418,6 +469,25 @@ impl DeliveryPath {
         hop: Hop,
         origin: &Origin<'_>,
     ) -> Result<Report, HopError> {
+        if let (Hop::Dead { .. }, true) = (&hop, traces::enabled()) {
+            let mut span = Span::start(
+                "hookline.dead_letter",
+                Kind::Internal,
+                d.meta.trace.as_deref(),
+                None,
+            );
+            span.str("hookline.event.id", d.meta.event_id.as_str());
+            span.str("hookline.endpoint.id", d.meta.endpoint_id.as_str());
+            if let Some(r) = d.meta.dead_reason {
+                span.str("hookline.dead.reason", r.as_str());
+            }
+            span.int(
+                "hookline.attempts",
+                i64::from(d.meta.attempt.saturating_sub(1)),
+            );
+            span.error("dead letter");
+            d.meta.trace = span.traceparent();
+        }
         let written = self
             .writer
             .write(
@@ -431,6 +501,31 @@ impl DeliveryPath {
             )
             .await?;
         Ok(report(d.meta, outcome, Next::Handed { why, hop, written }))
+    }
+}
+
+/// An attempt span's result: the status or the failure class, and how long the request took.
+fn span_outcome(span: &mut Span, outcome: &AttemptOutcome) {
+    span.int(
+        "hookline.attempt.duration_ms",
+        outcome.duration.as_millis() as i64,
+    );
+    match &outcome.result {
+        crate::outcome::AttemptResult::Delivered { status } => {
+            span.int("http.response.status_code", i64::from(*status));
+            span.str("hookline.outcome", "delivered");
+        }
+        crate::outcome::AttemptResult::Failed { class, status, .. } => {
+            if let Some(status) = status {
+                span.int("http.response.status_code", i64::from(*status));
+            }
+            span.str("hookline.failure.class", class.as_str());
+            span.str("hookline.outcome", "failed");
+            span.error(match status {
+                Some(s) => format!("{} {s}", class.as_str()),
+                None => class.as_str().to_string(),
+            });
+        }
     }
 }
 

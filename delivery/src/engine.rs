@@ -38,6 +38,12 @@ use crate::ssrf::SsrfGuard;
 /// trickling endpoint cannot hold a concurrency slot for long.
 pub const BODY_GRACE: Duration = Duration::from_secs(1);
 
+tokio::task_local! {
+    /// The W3C `traceparent` of the attempt's span, sent with the request: set by the delivery
+    /// path around an attempt it traces (never while tracing is off).
+    pub static TRACEPARENT: String;
+}
+
 /// The delivery engine. Cheap to clone: clones share the connection pool, the per-endpoint
 /// concurrency limits and the in-flight gauge.
 #[derive(Clone)]
@@ -331,6 +337,10 @@ impl Engine {
             });
         };
         headers.insert(USER_AGENT, self.inner.user_agent.clone());
+        // The attempt's span, when the delivery path traces this attempt.
+        if let Ok(Ok(tp)) = TRACEPARENT.try_with(|t| http::HeaderValue::from_str(t)) {
+            headers.insert(http::header::HeaderName::from_static("traceparent"), tp);
+        }
         // The endpoint's own headers, after ours: the config refuses names that would replace
         // a webhook-*, content-* or connection header; a `user-agent` of its own wins.
         for h in &endpoint.headers {

@@ -540,6 +540,15 @@ impl Dispatcher {
             event_type: envelope.event_type,
             tenant: envelope.tenant,
             dedupe_key: envelope.dedupe_key,
+            trace: if hookline_common::runtime::traces::enabled() {
+                hookline_common::contract::headers::get(
+                    msg,
+                    hookline_common::runtime::traces::TRACE_HEADER,
+                )
+                .map(str::to_string)
+            } else {
+                None
+            },
             key: msg.key().map(Bytes::copy_from_slice),
             body: Bytes::copy_from_slice(msg.payload().unwrap_or_default()),
             pending: AtomicUsize::new(endpoints.len()),

@@ -35,6 +35,8 @@ pub(crate) struct Event {
     pub(crate) event_type: String,
     pub(crate) tenant: Option<String>,
     pub(crate) dedupe_key: Option<String>,
+    /// The dedupe span's context (`hookline-trace`), while tracing is on.
+    pub(crate) trace: Option<String>,
     pub(crate) key: Option<Bytes>,
     /// The producer's exact bytes, sent unchanged.
     pub(crate) body: Bytes,
@@ -47,15 +49,17 @@ impl Dispatcher {
     /// or deferral, through the delivery path; the last delivery of the event to finish
     /// completes its offset.
     pub(crate) async fn deliver(self: Arc<Self>, event: Arc<Event>, endpoint: Arc<EndpointConfig>) {
+        // The delivery path starts the schedule when attempt 1 starts (or is deferred).
+        let mut meta = DeliveryMeta::new(
+            &endpoint.id,
+            &event.id,
+            &event.event_type,
+            event.tenant.as_deref(),
+            now_ms(),
+        );
+        meta.trace.clone_from(&event.trace);
         let delivery = Delivery {
-            // The delivery path starts the schedule when attempt 1 starts (or is deferred).
-            meta: DeliveryMeta::new(
-                &endpoint.id,
-                &event.id,
-                &event.event_type,
-                event.tenant.as_deref(),
-                now_ms(),
-            ),
+            meta,
             key: event.key.clone(),
             body: event.body.clone(),
             dedupe_key: event.dedupe_key.clone(),

@@ -85,6 +85,7 @@ pub async fn publish(
     let request = Publish {
         tenant_scope: scope.as_deref(),
         idempotency_key: key,
+        traceparent: headers.get("traceparent").and_then(|v| v.to_str().ok()),
         body: &body,
     };
     match ingest.publish(request).await {

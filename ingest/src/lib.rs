@@ -24,7 +24,9 @@ use hookline_common::contract::keyhash::{key_hash, partition_for};
 use hookline_common::contract::topics::Topics;
 use hookline_common::kafka::produce::{classify, ProduceErrorClass};
 use hookline_common::kafka::producer_config;
+use hookline_common::runtime::traces::{Kind, Span, TRACEPARENT};
 use prometheus::{HistogramOpts, HistogramVec, IntCounterVec, Opts, Registry};
+use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::util::Timeout;
 
@@ -42,6 +44,8 @@ pub struct Publish<'a> {
     pub tenant_scope: Option<&'a str>,
     /// The `Idempotency-Key` header, if any.
     pub idempotency_key: Option<&'a str>,
+    /// The request's W3C `traceparent`, if any: the `POST /v1/events` span continues it.
+    pub traceparent: Option<&'a str>,
     pub body: &'a [u8],
 }
 
@@ -199,7 +203,14 @@ impl Ingest {
 
     /// Completes, validates and writes one event; answers once Kafka acknowledged it.
     pub async fn publish(&self, request: Publish<'_>) -> Result<Accepted, Rejected> {
-        let result = self.publish_inner(request).await;
+        // The event's trace starts here unless the caller's request had one (tracing on only).
+        let mut span = Span::start("POST /v1/events", Kind::Server, request.traceparent, None);
+        let trace = span.traceparent();
+        let result = self.publish_inner(request, trace).await;
+        match &result {
+            Ok(a) => span.str("hookline.event.id", a.id.as_str()),
+            Err(r) => span.error(r.outcome()),
+        }
         let outcome = match &result {
             Ok(_) => "accepted",
             Err(r) => r.outcome(),
@@ -208,7 +219,11 @@ impl Ingest {
         result
     }
 
-    async fn publish_inner(&self, request: Publish<'_>) -> Result<Accepted, Rejected> {
+    async fn publish_inner(
+        &self,
+        request: Publish<'_>,
+        trace: Option<String>,
+    ) -> Result<Accepted, Rejected> {
         if request.body.len() > self.max_body {
             return Err(Rejected::TooLarge {
                 message: format!(
@@ -276,7 +291,7 @@ impl Ingest {
         }
         // Written even when the key was seen before: the first request may have died between
         // its claim and its event. The deduper lets one through.
-        self.produce(&valid.id, &valid.dedupe_key, &envelope)
+        self.produce(&valid.id, &valid.dedupe_key, &envelope, trace.as_deref())
             .await?;
         Ok(Accepted {
             id: valid.id,
@@ -284,9 +299,22 @@ impl Ingest {
         })
     }
 
-    async fn produce(&self, id: &str, dedupe_key: &str, envelope: &[u8]) -> Result<(), Rejected> {
+    async fn produce(
+        &self,
+        id: &str,
+        dedupe_key: &str,
+        envelope: &[u8],
+        trace: Option<&str>,
+    ) -> Result<(), Rejected> {
         let started = Instant::now();
         let mut record = FutureRecord::to(&self.topic).key(id).payload(envelope);
+        // The producer's context, as any producer sends it: the dedupe span continues it.
+        if let Some(t) = trace {
+            record = record.headers(OwnedHeaders::new().insert(Header {
+                key: TRACEPARENT,
+                value: Some(t.as_bytes()),
+            }));
+        }
         // On the partition the deduper owns the key by, so it skips a hop (`dedupe.direct`).
         if let Some(partitions) = self.place_by_key {
             record = record.partition(partition_for(key_hash(dedupe_key), partitions));

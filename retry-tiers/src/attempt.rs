@@ -148,6 +148,30 @@ pub(crate) async fn process(
     }
 }
 
+/// The wait on a tier as a span (`hookline.retry`): from the hand-off (the end of the last
+/// attempt) until now, when the tier takes it up; a child of the attempt that failed, parent of
+/// the next one. Returns its context for that attempt.
+fn tier_span(meta: &DeliveryMeta, topic: &str) -> Option<String> {
+    use hookline_common::runtime::traces::{at_ms, Kind, Span};
+    let handed_ms = meta.history.last().map(|a| a.at_ms + a.duration_ms as i64);
+    let mut span = Span::start(
+        "hookline.retry",
+        Kind::Internal,
+        meta.trace.as_deref(),
+        handed_ms.map(at_ms),
+    );
+    span.str("hookline.event.id", meta.event_id.as_str());
+    span.str("hookline.endpoint.id", meta.endpoint_id.as_str());
+    span.str("hookline.tier.topic", topic);
+    span.int("hookline.attempt", i64::from(meta.attempt));
+    span.int("hookline.due_ms", meta.due_ms);
+    span.int(
+        "hookline.late_ms",
+        hookline_common::runtime::clock::now_ms() - meta.due_ms,
+    );
+    span.traceparent()
+}
+
 async fn handle(
     stage: &Stage,
     metrics: &TierMetrics,
@@ -180,6 +204,10 @@ async fn handle(
         }
     };
     let due_ms = meta.due_ms;
+    let mut meta = meta;
+    if hookline_common::runtime::traces::enabled() {
+        meta.trace = tier_span(&meta, source.topic);
+    }
     let delivery = Delivery {
         meta,
         key: pending.key.map(Bytes::from),
@@ -302,6 +330,7 @@ mod tests {
             dead_reason: None,
             dead_at_ms: None,
             replay_key: None,
+            trace: None,
         }
     }
 

@@ -26,6 +26,7 @@ async fn publish(
         .publish(Publish {
             tenant_scope: scope,
             idempotency_key: key,
+            traceparent: None,
             body: body.as_bytes(),
         })
         .await

@@ -27,4 +27,5 @@ mod retry_guards;
 mod scripts;
 mod secured;
 mod topics;
+mod traces;
 mod validation;

@@ -540,6 +540,7 @@ fn tier_record(event_id: &str, endpoint: &str, first_ms: i64, due_ms: i64) -> De
         dead_reason: None,
         dead_at_ms: None,
         replay_key: None,
+        trace: None,
     }
 }
 

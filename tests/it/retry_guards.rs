@@ -101,6 +101,7 @@ fn waiting(
         dead_reason: None,
         dead_at_ms: None,
         replay_key: None,
+        trace: None,
     }
 }
 

@@ -517,6 +517,7 @@ mod tests {
                 dead_reason: Some(DeadReason::Exhausted),
                 dead_at_ms: Some(5_000),
                 replay_key: None,
+                trace: None,
             }),
             other_headers: vec![],
         }

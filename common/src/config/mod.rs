@@ -26,6 +26,7 @@ mod env;
 pub mod filter;
 pub mod glob;
 mod sections;
+pub mod traces;
 
 use std::path::Path;
 use std::time::Duration;
@@ -90,6 +91,9 @@ pub struct Config {
     pub server: ServerConfig,
     #[serde(default)]
     pub log: LogConfig,
+    /// OpenTelemetry traces (`[traces]`, `traces.rs`); off by default.
+    #[serde(default)]
+    pub traces: traces::TracesConfig,
     #[serde(default)]
     pub endpoints: Vec<EndpointConfig>,
     /// The admin process: API, `/v1/events`, dashboard (`common/src/config/admin.rs`).

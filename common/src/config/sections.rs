@@ -531,6 +531,7 @@ pub(super) fn validate(config: &super::Config) -> Result<(), ConfigError> {
     config.tiers.validate("tiers")?;
     config.admin.validate()?;
     config.control.validate()?;
+    config.traces.validate()?;
     super::endpoints::validate(&config.endpoints)
 }
 

@@ -30,6 +30,8 @@ pub const HISTORY: &str = "hookline-history";
 pub const DEAD_REASON: &str = "hookline-dead-reason";
 pub const DEAD_AT_MS: &str = "hookline-dead-at-ms";
 pub const REPLAY_KEY: &str = "hookline-replay-key";
+/// W3C `traceparent` of the span the next hop's span continues (`runtime::traces`).
+pub const TRACE: &str = crate::runtime::traces::TRACE_HEADER;
 
 /// `class` of a history entry that records a deferral (no attempt made: the endpoint was
 /// saturated); its `n` is the number of the attempt that was not made.
@@ -123,6 +125,8 @@ pub struct DeliveryMeta {
     pub dead_reason: Option<DeadReason>,
     pub dead_at_ms: Option<i64>,
     pub replay_key: Option<String>,
+    /// The trace context for the next hop's span (`hookline-trace`); only while tracing is on.
+    pub trace: Option<String>,
 }
 
 /// A header that is missing or malformed on a delivery record.
@@ -156,6 +160,7 @@ impl DeliveryMeta {
             dead_reason: None,
             dead_at_ms: None,
             replay_key: None,
+            trace: None,
         }
     }
 
@@ -226,6 +231,9 @@ impl DeliveryMeta {
         }
         if let Some(k) = &self.replay_key {
             out.push((REPLAY_KEY, k.clone()));
+        }
+        if let Some(t) = &self.trace {
+            out.push((TRACE, t.clone()));
         }
         out
     }
@@ -324,6 +332,7 @@ impl DeliveryMeta {
             dead_reason,
             dead_at_ms,
             replay_key: get(REPLAY_KEY).map(str::to_string),
+            trace: get(TRACE).map(str::to_string),
         })
     }
 }
@@ -369,6 +378,7 @@ mod tests {
             dead_reason: None,
             dead_at_ms: None,
             replay_key: None,
+            trace: None,
         }
     }
 
