@@ -165,6 +165,10 @@ pub struct CreateEndpoint {
     pub rate_limit: Option<f64>,
     /// Deliveries that may go out at once after an idle spell (default 1); needs `rate_limit`.
     pub burst: Option<u32>,
+    /// Send `traceparent` (the attempt's span) on requests to this endpoint while tracing is
+    /// on (default true); `false` keeps hookline's trace ids from this receiver.
+    #[serde(default = "yes")]
+    pub trace_context: bool,
 }
 
 /// A custom header. Refused (400 naming `headers[i].name` / `.value` / `headers`): names
@@ -259,6 +263,7 @@ pub async fn create(
         filter,
         rate_limit: req.rate_limit,
         burst: req.burst,
+        trace_context: req.trace_context,
     };
     let e = c.registry.create(def).await.map_err(write_error)?;
     tracing::info!(caller = %caller.name, endpoint = %e.id, "endpoint created through the admin api");
@@ -309,6 +314,9 @@ pub struct UpdateEndpoint {
     pub rate_limit: Option<Value>,
     #[schema(value_type = Option<u32>)]
     pub burst: Option<Value>,
+    /// Whether requests carry `traceparent` while tracing is on (`true` or `false`).
+    #[schema(value_type = Option<bool>)]
+    pub trace_context: Option<Value>,
     /// The version you read: the write fails with 409 if the endpoint changed since.
     pub version: Option<u64>,
 }
@@ -395,6 +403,11 @@ pub async fn update(
                         ApiError::field("burst", "must be a positive integer or null")
                     })?,
             )),
+        },
+        trace_context: match req.trace_context {
+            None => None,
+            Some(Value::Bool(b)) => Some(b),
+            Some(_) => return Err(ApiError::field("trace_context", "must be true or false")),
         },
     };
     let changes_definition = !change.is_empty();

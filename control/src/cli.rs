@@ -84,6 +84,9 @@ pub struct AddArgs {
     /// Deliveries that may go out at once after an idle spell (default 1).
     #[arg(long, requires = "rate_limit")]
     pub burst: Option<u32>,
+    /// Send no `traceparent` to it (hookline's trace ids stay out of its requests).
+    #[arg(long)]
+    pub no_trace_context: bool,
     #[command(flatten)]
     pub output: OutputArgs,
 }
@@ -169,6 +172,12 @@ pub struct UpdateArgs {
     /// Removes the rate limit.
     #[arg(long)]
     pub no_rate_limit: bool,
+    /// Send `traceparent` to it again while tracing is on.
+    #[arg(long, conflicts_with = "no_trace_context")]
+    pub trace_context: bool,
+    /// Send no `traceparent` to it.
+    #[arg(long)]
+    pub no_trace_context: bool,
     /// Refuse (exit 1) unless the endpoint is at this version (optimistic concurrency).
     #[arg(long, value_name = "VERSION")]
     pub if_version: Option<u64>,
@@ -336,6 +345,7 @@ pub async fn run(
                     filter,
                     rate_limit: a.rate_limit,
                     burst: a.burst,
+                    trace_context: !a.no_trace_context,
                 })
                 .await?;
             let shown = generated.then(|| secrets[0].clone());
@@ -372,6 +382,11 @@ pub async fn run(
                     u.rate_limit.map(Some)
                 },
                 burst: u.burst.map(Some),
+                trace_context: if u.no_trace_context {
+                    Some(false)
+                } else {
+                    u.trace_context.then_some(true)
+                },
             };
             let e = registry.update(&u.id, change, u.if_version).await?;
             print_written(out, "updated", &e, None, u.output.json())?;
@@ -473,6 +488,9 @@ fn print_endpoints(out: &mut dyn Write, endpoints: &[&Endpoint], json: bool) -> 
         if let Some(p) = &e.problem {
             writeln!(out, "unusable {}: {p}", e.id)?;
         }
+        if !e.trace_context {
+            writeln!(out, "{}: trace context: off", e.id)?;
+        }
     }
     Ok(())
 }
@@ -502,6 +520,9 @@ fn print_written(
     }
     if let Some(r) = e.rate_limit {
         writeln!(out, "rate limit: {r}/s, burst {}", e.burst.unwrap_or(1))?;
+    }
+    if !e.trace_context {
+        writeln!(out, "trace context: off")?;
     }
     if let Some(s) = new_secret {
         writeln!(out, "secret: {s}")?;

@@ -62,6 +62,8 @@ pub struct Endpoint {
     /// Deliveries per second for the whole cluster, and the burst.
     pub rate_limit: Option<f64>,
     pub burst: Option<u32>,
+    /// Whether requests carry `traceparent` while tracing is on.
+    pub trace_context: bool,
     pub managed_by: ManagedBy,
     pub disabled_reason: Option<String>,
     pub created_at_ms: i64,
@@ -151,6 +153,7 @@ impl Endpoint {
             filter,
             rate_limit: r.rate_limit,
             burst: r.burst,
+            trace_context: r.trace_context.unwrap_or(true),
             managed_by: r.managed_by,
             disabled_reason: r.disabled_reason,
             created_at_ms: r.created_at_ms,
@@ -193,6 +196,7 @@ impl Endpoint {
             filter: d.filter.clone(),
             rate_limit: d.rate_limit,
             burst: d.burst,
+            trace_context: d.trace_context,
             managed_by,
             disabled_reason: (!d.enabled).then(|| why_disabled.to_string()),
             created_at_ms: current.map_or(now, |c| c.created_at_ms),
@@ -255,6 +259,8 @@ impl Endpoint {
             filter: self.filter.as_ref().map(|f| f.source().to_string()),
             rate_limit: self.rate_limit,
             burst: self.burst,
+            // Stored only when off: a default record stays as it was.
+            trace_context: (!self.trace_context).then_some(false),
             managed_by: self.managed_by,
             disabled_reason: self.disabled_reason.clone(),
             created_at_ms: self.created_at_ms,
@@ -294,6 +300,7 @@ impl Endpoint {
             filter: self.filter.clone(),
             rate_limit: self.rate_limit,
             burst: self.burst,
+            trace_context: self.trace_context,
         })
     }
 
@@ -333,6 +340,7 @@ impl Endpoint {
             "filter": self.filter.as_ref().map(EventFilter::source),
             "rate_limit": self.rate_limit,
             "burst": self.burst,
+            "trace_context": self.trace_context,
             "managed_by": self.managed_by.as_str(),
             "created_at_ms": self.created_at_ms,
             "updated_at_ms": self.updated_at_ms,
@@ -531,6 +539,7 @@ pub fn validate(def: &EndpointConfig) -> Result<(), FieldError> {
     if let Some(b) = def.burst {
         ep.insert("burst".into(), i64::from(b).into());
     }
+    ep.insert("trace_context".into(), def.trace_context.into());
     let mut kafka = toml::Table::new();
     kafka.insert("bootstrap_servers".into(), "validation:1".into());
     let mut root = toml::Table::new();
@@ -579,6 +588,7 @@ mod tests {
             filter: None,
             rate_limit: None,
             burst: None,
+            trace_context: true,
         }
     }
 
@@ -782,6 +792,7 @@ mod tests {
             filter: None,
             rate_limit: None,
             burst: None,
+            trace_context: true,
             secrets: vec![],
             managed_by: ManagedBy::Api,
             disabled_reason: None,
@@ -791,6 +802,49 @@ mod tests {
             problem: None,
             needs_reencryption: false,
         }
+    }
+
+    #[test]
+    fn trace_context_is_stored_only_when_off() {
+        let k = Keyring::empty();
+        let on = endpoint();
+        let r = on.to_record(&k).expect("record");
+        assert_eq!((r.trace_context, r.schema), (None, SCHEMA_V1));
+        let v: Value = serde_json::from_slice(&r.to_bytes()).expect("json");
+        assert!(
+            v.get("trace_context").is_none(),
+            "a default record is unchanged: {v}"
+        );
+        assert!(Endpoint::from_record(r, &k).trace_context);
+        assert_eq!(on.to_json(0)["trace_context"], true);
+
+        let off = Endpoint {
+            trace_context: false,
+            ..endpoint()
+        };
+        let bytes = off.to_record(&k).expect("record").to_bytes();
+        let v: Value = serde_json::from_slice(&bytes).expect("json");
+        assert_eq!(v["trace_context"], false);
+        let back = EndpointRecord::parse("crm", &bytes).expect("parses");
+        assert_eq!(back.trace_context, Some(false));
+        assert_eq!(Endpoint::from_record(back, &k), off);
+        assert!(!off.config_at(0).expect("parses").trace_context);
+        assert!(!off.definition().expect("parses").trace_context);
+        assert_eq!(off.to_json(0)["trace_context"], false);
+
+        let d = EndpointConfig {
+            trace_context: false,
+            ..def()
+        };
+        assert_eq!(validate(&d), Ok(()));
+        let made = Endpoint::from_definition(&d, ManagedBy::Api, None, 0);
+        assert!(!made.trace_context);
+
+        // A record from before the field: on.
+        let old = br#"{"schema":1,"id":"crm","url":"https://crm.example/hook","enabled":true,
+            "managed_by":"api","created_at_ms":0,"updated_at_ms":0,"version":1}"#;
+        let r = EndpointRecord::parse("crm", old).expect("parses");
+        assert!(Endpoint::from_record(r, &k).trace_context);
     }
 
     #[test]

@@ -82,6 +82,8 @@ pub struct EndpointUpdate {
     /// Deliveries per second (`Some(None)` removes the limit, and the burst with it).
     pub rate_limit: Option<Option<f64>>,
     pub burst: Option<Option<u32>>,
+    /// Whether requests carry `traceparent` while tracing is on.
+    pub trace_context: Option<bool>,
 }
 
 impl EndpointUpdate {
@@ -96,6 +98,7 @@ impl EndpointUpdate {
             && self.filter.is_none()
             && self.rate_limit.is_none()
             && self.burst.is_none()
+            && self.trace_context.is_none()
     }
 }
 
@@ -188,6 +191,9 @@ impl Registry {
                 if let Some(b) = change.burst {
                     next.burst = b;
                 }
+                if let Some(t) = change.trace_context {
+                    next.trace_context = t;
+                }
                 if let Some(f) = &change.filter {
                     next.filter =
                         f.as_deref()
@@ -219,7 +225,8 @@ impl Registry {
     }
 
     /// Creates the endpoint, or replaces its definition (`url`, `tenant`, `event_types`,
-    /// `enabled`, `timeout`, `max_concurrency`, `headers`, `filter`; secrets are kept — they change through
+    /// `enabled`, `timeout`, `max_concurrency`, `headers`, `filter`, `rate_limit`, `burst`,
+    /// `trace_context`; secrets are kept — they change through
     /// [`Registry::rotate_secret`]): the admin API's `PUT`. `expected` applies to an existing one.
     pub async fn put(
         &self,
@@ -243,6 +250,7 @@ impl Registry {
             filter: Some(def.filter.as_ref().map(|f| f.source().to_string())),
             rate_limit: Some(def.rate_limit),
             burst: Some(def.burst),
+            trace_context: Some(def.trace_context),
         };
         let updated = self.update(&def.id, change, expected).await?;
         if updated.enabled == def.enabled {

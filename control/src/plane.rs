@@ -224,6 +224,7 @@ mod tests {
             filter: None,
             rate_limit: None,
             burst: None,
+            trace_context: true,
         }
     }
 

@@ -97,6 +97,10 @@ pub struct EndpointRecord {
     pub rate_limit: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub burst: Option<u32>,
+    /// `Some(false)`: requests carry no `traceparent`. Absent (`None`) means true, so records
+    /// from before it read as they did and a default endpoint's record is unchanged.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trace_context: Option<bool>,
     pub managed_by: ManagedBy,
     /// Why it is disabled (`manual`, `auto: …`), when it is.
     #[serde(default)]
@@ -175,6 +179,7 @@ mod tests {
             filter: Some("data.amount > 100".into()),
             rate_limit: Some(50.0),
             burst: Some(5),
+            trace_context: None,
             managed_by: ManagedBy::Api,
             disabled_reason: None,
             created_at_ms: 1,
@@ -200,6 +205,21 @@ mod tests {
         assert!(v["headers"][1].get("value").is_none());
         assert_eq!(v["filter"], "data.amount > 100");
         assert_eq!(EndpointRecord::parse("crm", &bytes), Ok(r));
+    }
+
+    #[test]
+    fn trace_context_is_written_only_when_off() {
+        let r = record();
+        let v: serde_json::Value = serde_json::from_slice(&r.to_bytes()).expect("json");
+        assert!(v.get("trace_context").is_none(), "{v}");
+        let off = EndpointRecord {
+            trace_context: Some(false),
+            ..record()
+        };
+        let bytes = off.to_bytes();
+        let v: serde_json::Value = serde_json::from_slice(&bytes).expect("json");
+        assert_eq!(v["trace_context"], false);
+        assert_eq!(EndpointRecord::parse("crm", &bytes), Ok(off));
     }
 
     #[test]

@@ -39,6 +39,7 @@ fn same(e: &Endpoint, d: &EndpointConfig) -> bool {
         && e.filter == d.filter
         && e.rate_limit == d.rate_limit
         && e.burst == d.burst
+        && e.trace_context == d.trace_context
 }
 
 /// The file's endpoint as the registry holds it, replacing `current` (if any) at `now`.

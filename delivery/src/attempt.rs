@@ -339,7 +339,9 @@ impl DeliveryPath {
             d.meta.trace.as_deref(),
             None,
         );
-        let propagated = span.traceparent().filter(|_| traces::propagate());
+        let propagated = span
+            .traceparent()
+            .filter(|_| traces::propagate() && endpoint.trace_context);
         if span.is_live() {
             span.str("hookline.event.id", d.meta.event_id.as_str());
             span.str("hookline.endpoint.id", endpoint.id.as_str());

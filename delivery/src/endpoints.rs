@@ -145,6 +145,7 @@ mod tests {
             filter: None,
             rate_limit: None,
             burst: None,
+            trace_context: true,
         }
     }
 

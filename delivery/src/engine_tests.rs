@@ -58,6 +58,7 @@ fn endpoint(url: String) -> EndpointConfig {
         filter: None,
         rate_limit: None,
         burst: None,
+        trace_context: true,
     }
 }
 

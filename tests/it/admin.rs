@@ -491,6 +491,7 @@ async fn endpoints_are_managed_through_the_api_within_the_token_scope() {
         Some(json!({"id": "acme-crm", "url": "https://crm.example/hook", "event_types": ["order.*"]}))).await;
     assert_eq!(status, StatusCode::CREATED, "{made}");
     assert_eq!(made["endpoint"]["tenant"], "acme");
+    assert_eq!(made["endpoint"]["trace_context"], true, "on by default");
     assert!(
         made["secret"]
             .as_str()
@@ -626,12 +627,31 @@ async fn endpoints_are_managed_through_the_api_within_the_token_scope() {
         &admin,
         "/v1/endpoints/acme-crm",
         ACME_TOKEN,
-        Some(json!({"event_types": ["order.paid"], "enabled": false, "version": version})),
+        Some(json!({
+            "event_types": ["order.paid"],
+            "enabled": false,
+            "trace_context": false,
+            "version": version,
+        })),
     )
     .await;
     assert_eq!(status, StatusCode::OK, "{updated}");
     assert_eq!(updated["event_types"], json!(["order.paid"]));
     assert_eq!(updated["enabled"], false);
+    assert_eq!(updated["trace_context"], false);
+    let (status, body) = send(
+        Method::PATCH,
+        &admin,
+        "/v1/endpoints/acme-crm",
+        ACME_TOKEN,
+        Some(json!({"trace_context": "no"})),
+    )
+    .await;
+    assert_eq!(
+        (status, body["error"]["field"].clone()),
+        (StatusCode::BAD_REQUEST, json!("trace_context")),
+        "{body}"
+    );
     let (status, body) = send(
         Method::PATCH,
         &admin,
@@ -673,6 +693,7 @@ async fn endpoints_are_managed_through_the_api_within_the_token_scope() {
     .await;
     assert_eq!(status, StatusCode::OK, "{seen}");
     assert_eq!(seen["enabled"], false);
+    assert_eq!(seen["trace_context"], false, "read back from the registry");
     let (status, h) = send(
         Method::GET,
         &second,

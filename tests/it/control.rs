@@ -34,6 +34,7 @@ fn def(id: &str, url: &str) -> EndpointConfig {
         filter: None,
         rate_limit: None,
         burst: None,
+        trace_context: true,
     }
 }
 
@@ -698,6 +699,27 @@ async fn endpoints_cli_manages_the_registry_against_kafka() {
     assert!(unfiltered.contains("\"filter\":null"), "{unfiltered}");
     let cleared = run(&["endpoints", "update", "crm", "--no-headers", "--json"]);
     assert!(cleared.contains("\"headers\":[]"), "{cleared}");
+    // Trace context: on by default, switched off and on again.
+    let out = run(&["endpoints", "update", "crm", "--no-trace-context"]);
+    assert!(out.contains("trace context: off"), "{out}");
+    assert!(
+        run(&["endpoints", "list"]).contains("crm: trace context: off"),
+        "listed"
+    );
+    let on = run(&["endpoints", "update", "crm", "--trace-context", "--json"]);
+    let v: serde_json::Value = serde_json::from_str(on.trim()).expect("json");
+    assert_eq!(v["trace_context"], true, "{on}");
+    let out = run(&[
+        "endpoints",
+        "add",
+        "quiet",
+        "--url",
+        "https://quiet.example/h",
+        "--no-secret",
+        "--no-trace-context",
+    ]);
+    assert!(out.contains("trace context: off"), "{out}");
+    run(&["endpoints", "delete", "quiet"]);
 
     run(&["endpoints", "delete", "crm"]);
     assert!(run(&["endpoints", "list"]).contains("0 endpoint(s)"));

@@ -48,6 +48,10 @@ pub struct EndpointConfig {
     /// Deliveries that may go out at once after an idle spell (default 1: strictly paced).
     #[serde(default)]
     pub burst: Option<u32>,
+    /// Send `traceparent` (the attempt's span) on requests to this endpoint while tracing is
+    /// on; `false` keeps hookline's trace ids from this receiver.
+    #[serde(default = "enabled")]
+    pub trace_context: bool,
 }
 
 /// The most `rate_limit` may say (deliveries per second).
@@ -76,6 +80,7 @@ impl fmt::Debug for EndpointConfig {
             .field("filter", &self.filter)
             .field("rate_limit", &self.rate_limit)
             .field("burst", &self.burst)
+            .field("trace_context", &self.trace_context)
             .finish()
     }
 }
