@@ -33,6 +33,7 @@ pub mod report;
 pub mod search;
 pub mod sink;
 pub mod stages;
+pub mod traces_cost;
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -333,12 +334,46 @@ pub async fn run(opts: Options) -> anyhow::Result<Report> {
         None
     };
 
-    // Peak RSS before the processes go away, then a graceful stop.
+    // Peak RSS of the stages that ran everything so far (the traces-cost section restarts them).
     let peak_rss: BTreeMap<String, u64> = stages::STAGES
         .iter()
         .map(|s| s.to_string())
-        .zip(stages.peak_rss()?)
+        .zip(ctx.stages.peak_rss()?)
         .collect();
+
+    // 7. What traces cost at 100% sampling: a drain with traces off, the stages restarted with
+    // every span exported to the sink over OTLP/HTTP, the same drain again.
+    let trace_cost = if opts.trace_events > 0 {
+        let traced = format!(
+            "{config_text}
+[traces]
+enabled = true
+sample_ratio = 1.0
+endpoint = \"{}\"
+",
+            sink.url("v1/traces")
+        );
+        let traced_path = dir.join("hookline-traced.toml");
+        std::fs::write(&traced_path, &traced)?;
+        let spec = |name: &str, tag: &str, plan: Vec<load::Planned>| {
+            main_spec(name, tag, plan, None, false)
+        };
+        let (tr_runs, cost) = traces_cost::run(
+            &mut ctx,
+            &opts.hookline,
+            &traced_path,
+            &dir.join("traced"),
+            opts.trace_events,
+            &mix,
+            &spec,
+        )
+        .await?;
+        runs.extend(tr_runs);
+        Some(cost)
+    } else {
+        None
+    };
+    // A graceful stop.
     stages.stop(Duration::from_secs(40)).await?;
     drop(lag);
     if !opts.keep_topics {
@@ -401,6 +436,7 @@ pub async fn run(opts: Options) -> anyhow::Result<Report> {
         sustainable: found,
         inflight,
         neighbour,
+        trace_cost,
         peak_rss,
         redelivered,
         valid,

@@ -108,6 +108,10 @@ pub struct Options {
     /// Events of each neighbour run.
     #[arg(long, default_value_t = 50_000)]
     pub neighbour_events: usize,
+    /// Events of each of the two traces-cost drains (traces off, then on at 100% sampling;
+    /// 0: skipped).
+    #[arg(long, default_value_t = 30_000)]
+    pub trace_events: usize,
     /// Keep the run's topics on the broker (default: delete them at the end).
     #[arg(long)]
     pub keep_topics: bool,
@@ -137,6 +141,7 @@ impl Options {
             self.inflight_hold = Duration::from_secs(1);
             self.neighbour_pairs = 1;
             self.neighbour_events = 1_000;
+            self.trace_events = 1_000;
         }
         self
     }

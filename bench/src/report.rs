@@ -191,6 +191,8 @@ pub struct Report {
     pub inflight: Option<Inflight>,
     /// A neighbour beside a rate-limited drain (None when skipped).
     pub neighbour: Option<crate::neighbour::Neighbour>,
+    /// What traces cost at 100% sampling (None when skipped).
+    pub trace_cost: Option<crate::traces_cost::TraceCost>,
     /// VmHWM of each stage process at the end, bytes.
     pub peak_rss: BTreeMap<String, u64>,
     /// (id, endpoint) pairs the sink received more than once (at-least-once re-sends).
@@ -492,6 +494,30 @@ impl Report {
                 pairs.join(", "),
                 n.limited_max_per_s,
                 if n.limited_complete { "" } else { ", NOT every delivery arrived" }
+            );
+        }
+        if let Some(c) = &self.trace_cost {
+            let stages: Vec<String> = c
+                .on_us
+                .keys()
+                .map(|k| {
+                    format!(
+                        "{k} {:.1} -> {:.1} µs ({:+.1})",
+                        c.off_us.get(k).copied().unwrap_or(0.0),
+                        c.on_us[k],
+                        c.delta_us.get(k).copied().unwrap_or(0.0)
+                    )
+                })
+                .collect();
+            let _ = writeln!(
+                t,
+                "traces at 100% sampling ({} events, off -> on per delivery): {}; {} -> {} deliveries/s; {} OTLP exports, {:.0} B per delivery",
+                c.events,
+                stages.join(", "),
+                num(c.off_per_s),
+                num(c.on_per_s),
+                c.otlp_requests,
+                c.otlp_bytes_per_delivery
             );
         }
         if let Some(i) = &self.inflight {

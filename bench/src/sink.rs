@@ -7,7 +7,8 @@
 //! - `/hang/{n}`: while hanging is switched on, never answers (the client gives up at its
 //!   timeout and hyper drops the request); otherwise like `/e/{n}`;
 //! - `/slow/{n}`: like `/e/{n}` after holding the request for the slow delay (the in-flight
-//!   run: the dispatcher holds every delivery open that long).
+//!   run: the dispatcher holds every delivery open that long);
+//! - `/v1/traces`: an OTLP/HTTP trace export (the traces-cost runs): 200, its bytes counted.
 //!
 //! A delivery is keyed by (`webhook-id`, endpoint): the first 2xx is booked with its receipt time
 //! and the `data.sched_ns` stamp found in the body; later copies count as redeliveries. The HTTP
@@ -57,6 +58,9 @@ struct SinkState {
     /// Requests being held on `/slow` right now.
     slow_open: AtomicU64,
     relayed: AtomicU64,
+    /// OTLP trace exports received, and their bytes.
+    otlp_requests: AtomicU64,
+    otlp_bytes: AtomicU64,
 }
 
 /// A running sink; stops when dropped.
@@ -77,6 +81,7 @@ impl Sink {
             .route("/hang/{n}", post(hang))
             .route("/slow/{n}", post(slow))
             .route("/relay/{n}", post(relay))
+            .route("/v1/traces", post(otlp))
             .with_state(state.clone());
         let task = tokio::spawn(async move {
             if let Err(e) = axum::serve(listener, app).await {
@@ -88,6 +93,14 @@ impl Sink {
 
     pub fn url(&self, path: &str) -> String {
         format!("http://{}/{path}", self.addr)
+    }
+
+    /// OTLP trace exports received so far, and their bytes.
+    pub fn otlp_received(&self) -> (u64, u64) {
+        (
+            self.state.otlp_requests.load(Ordering::Relaxed),
+            self.state.otlp_bytes.load(Ordering::Relaxed),
+        )
     }
 
     /// Switches the `/hang` paths between hanging and answering 204.
@@ -159,6 +172,14 @@ async fn deliver(
 async fn relay(State(state): State<Arc<SinkState>>, _body: Bytes) -> StatusCode {
     state.relayed.fetch_add(1, Ordering::Relaxed);
     StatusCode::NO_CONTENT
+}
+
+async fn otlp(State(state): State<Arc<SinkState>>, body: Bytes) -> StatusCode {
+    state.otlp_requests.fetch_add(1, Ordering::Relaxed);
+    state
+        .otlp_bytes
+        .fetch_add(body.len() as u64, Ordering::Relaxed);
+    StatusCode::OK
 }
 
 async fn fail(State(state): State<Arc<SinkState>>, Path(_n): Path<u16>) -> StatusCode {

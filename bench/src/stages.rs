@@ -143,8 +143,26 @@ impl Stages {
         Ok(sum_metric(&text, name, label))
     }
 
+    /// Stops the stages as [`Stages::stop`] does and starts them again with `config` (logs in
+    /// `dir`): the same consumer groups and topics, other settings.
+    pub async fn restart(
+        &mut self,
+        hookline: &Path,
+        config: &Path,
+        dir: &Path,
+        grace: Duration,
+    ) -> anyhow::Result<()> {
+        self.stop_procs(grace).await?;
+        *self = Stages::spawn(hookline, config, dir)?;
+        Ok(())
+    }
+
     /// SIGTERM to every stage, then waits (up to `grace`) for each to exit; SIGKILL after that.
     pub async fn stop(mut self, grace: Duration) -> anyhow::Result<()> {
+        self.stop_procs(grace).await
+    }
+
+    async fn stop_procs(&mut self, grace: Duration) -> anyhow::Result<()> {
         for p in &self.procs {
             let _ = Command::new("kill")
                 .args(["-TERM", &p.pid.to_string()])

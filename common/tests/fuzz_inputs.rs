@@ -741,7 +741,7 @@ mod delivery_headers {
     use super::fuzz;
 
     /// Every header the codec reads.
-    const NAMES: [&str; 12] = [
+    const NAMES: [&str; 13] = [
         d::ENDPOINT_ID,
         h::EVENT_ID,
         h::EVENT_TYPE,
@@ -754,6 +754,7 @@ mod delivery_headers {
         d::DEAD_REASON,
         d::DEAD_AT_MS,
         d::REPLAY_KEY,
+        d::TRACE,
     ];
     const REASONS: [DeadReason; 5] = [
         DeadReason::Exhausted,

@@ -36,7 +36,9 @@ async fn smoke_run_balances_every_ledger_and_reports_every_number() {
             "iso-hang",
             "inflight",
             "nb-alone-1",
-            "nb-beside-1"
+            "nb-beside-1",
+            "trace-off",
+            "trace-on"
         ],
         "{table}"
     );
@@ -70,6 +72,16 @@ async fn smoke_run_balances_every_ledger_and_reports_every_number() {
             .expect("run present")
     };
     assert!(run("max").ledger.dead > 0, "{table}");
+    // Traces at 100% sampling: the traced stages exported spans to the sink.
+    let traced = report
+        .trace_cost
+        .as_ref()
+        .expect("the traces-cost section ran");
+    assert!(
+        traced.otlp_requests > 0 && traced.otlp_bytes_per_delivery > 0.0,
+        "{table}"
+    );
+    assert_eq!(traced.on_us.len(), 3, "{table}");
     assert!(run("iso-hang").ledger.dead > 0, "{table}");
     assert_eq!(run("iso-base").ledger.dead, 0, "{table}");
     for n in ["search-1", "lat-50%", "lat-90%"] {
@@ -157,7 +169,7 @@ async fn smoke_run_balances_every_ledger_and_reports_every_number() {
     let json: serde_json::Value =
         serde_json::from_slice(&std::fs::read(path).expect("read json")).expect("json");
     assert_eq!(json["valid"], true);
-    assert_eq!(json["runs"].as_array().map(Vec::len), Some(9));
+    assert_eq!(json["runs"].as_array().map(Vec::len), Some(11));
     // The in-flight run saw the dispatcher hold deliveries open and read its RSS meanwhile.
     let inflight = report.inflight.as_ref().expect("in-flight run");
     assert!(

@@ -18,7 +18,8 @@
 //!                   └─ hookline.attempt dead#3 200
 //! ```
 //!
-//! Every parent link is checked, and each POST's `traceparent` names its attempt's span.
+//! Every parent link is checked, and each POST's `traceparent` names its attempt's span; a third
+//! endpoint with `trace_context = false` is traced but gets no `traceparent`.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -255,9 +256,13 @@ fn tree(all: &[Got], root: &Got, depth: usize, out: &mut String) {
         "  ".repeat(depth),
         root.name,
         root.process,
-        match tag_str(root, "hookline.endpoint.id") {
-            "" => String::new(),
-            e => format!(" {e}#{}", tag_int(root, "hookline.attempt")),
+        match (
+            tag_str(root, "hookline.endpoint.id"),
+            tag_int(root, "hookline.attempt"),
+        ) {
+            ("", _) => String::new(),
+            (e, n) if n < 0 => format!(" {e}"),
+            (e, n) => format!(" {e}#{n}"),
         },
         if status > 0 {
             format!(" {status}")
@@ -297,11 +302,13 @@ async fn a_retried_and_replayed_delivery_is_one_trace_across_the_processes() {
          [server]\nlisten = \"127.0.0.1:0\"\n[http]\nallow_cidrs = [\"127.0.0.0/8\"]\n\
          [log]\nlevel = \"info\"\nformat = \"json\"\n[retry]\nschedule = [\"0s\", \"2s\"]\n\
          [traces]\nenabled = true\nendpoint = \"{}\"\n\
-         [[endpoints]]\nid = \"ep\"\nurl = \"{}\"\n[[endpoints]]\nid = \"dead\"\nurl = \"{}\"\n",
+         [[endpoints]]\nid = \"ep\"\nurl = \"{}\"\n[[endpoints]]\nid = \"dead\"\nurl = \"{}\"\n\
+         [[endpoints]]\nid = \"quiet\"\nurl = \"{}\"\ntrace_context = false\n",
         bootstrap(),
         jaeger.otlp_url(),
         rx.url("ep"),
         rx.url("dead"),
+        rx.url("quiet"),
     );
     let config_path = dir.join("hookline.toml");
     std::fs::write(&config_path, &text).expect("config");
@@ -340,6 +347,13 @@ async fn a_retried_and_replayed_delivery_is_one_trace_across_the_processes() {
 
     let got = rx.wait_for("ep", 2, Duration::from_secs(90)).await;
     assert_eq!(got.len(), 2, "503, then 200 on the 2 s tier");
+    // `trace_context = false`: traced (its attempt span is in the trace), but no header sent.
+    let quiet = rx.wait_for("quiet", 1, Duration::from_secs(30)).await;
+    assert_eq!(quiet.len(), 1);
+    assert!(
+        !quiet[0].headers.contains_key("traceparent"),
+        "trace_context = false sends no traceparent"
+    );
     // Dead after its two attempts: replayed through the binary, traced too.
     let dlq = format!("{prefix}.dlq");
     let dead = crate::resilience::read_from(&bootstrap(), &dlq, Duration::from_secs(60), |r| {
@@ -434,6 +448,8 @@ async fn a_retried_and_replayed_delivery_is_one_trace_across_the_processes() {
     assert_eq!(replayed.process, "replay");
     assert_eq!(d3.parent.as_deref(), Some(replayed.id.as_str()));
     assert_eq!(tag_int(d3, "http.response.status_code"), 200);
+    let q = attempt(&all, "quiet", 1).expect("quiet#1 is traced");
+    assert_eq!(q.parent.as_deref(), Some(dedupe.id.as_str()));
 
     // Each POST carried its attempt's span, in the producer's trace.
     for r in got.iter().chain(dead_requests.iter()) {
