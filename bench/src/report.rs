@@ -511,13 +511,14 @@ impl Report {
                 .collect();
             let _ = writeln!(
                 t,
-                "traces at 100% sampling ({} events, off -> on per delivery): {}; {} -> {} deliveries/s; {} OTLP exports, {:.0} B per delivery",
+                "traces at 100% sampling ({} events, off -> on per delivery): {}; {} -> {} deliveries/s; {} OTLP exports, {:.0} B per delivery; span sites while off: {:.1} ns per delivery",
                 c.events,
                 stages.join(", "),
                 num(c.off_per_s),
                 num(c.on_per_s),
                 c.otlp_requests,
-                c.otlp_bytes_per_delivery
+                c.otlp_bytes_per_delivery,
+                c.off_path_ns
             );
         }
         if let Some(i) = &self.inflight {

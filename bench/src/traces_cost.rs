@@ -3,11 +3,12 @@
 //! restarted with `[traces] enabled = true` and `sample_ratio = 1.0`, every span exported over
 //! OTLP/HTTP to the sink's `/v1/traces`. Reported: each run's CPU per delivery per stage and the
 //! difference, and the OTLP bytes exported per delivery. The "off" run is also what tracing
-//! costs when it is off: the same code path the other runs measure.
+//! costs when it is off: the same code path the other runs measure; and the span sites a
+//! delivery passes, timed alone with tracing off ([`off_path_ns`]).
 
 use std::collections::BTreeMap;
 use std::path::Path;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
@@ -29,6 +30,31 @@ pub struct TraceCost {
     /// OTLP exports the sink received during the traced run, and bytes per delivery.
     pub otlp_requests: u64,
     pub otlp_bytes_per_delivery: f64,
+    /// ns per delivery of its span sites (a dedupe span, an attempt span and its header) while
+    /// tracing is off, timed in the bench process.
+    pub off_path_ns: f64,
+}
+
+/// What the span sites of one delivery cost while tracing is off (this process never enables
+/// it): a dedupe span, an attempt span with its attributes, and the context for the next hop,
+/// `n` times; ns per delivery.
+pub fn off_path_ns(n: usize) -> f64 {
+    use hookline_common::runtime::traces::{enabled, Kind, Span};
+    const PARENT: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    let start = Instant::now();
+    for i in 0..n {
+        if enabled() {
+            unreachable!("the bench process never turns tracing on");
+        }
+        let dedupe = Span::start("hookline.dedupe", Kind::Consumer, Some(PARENT), None);
+        std::hint::black_box(dedupe.traceparent());
+        let mut attempt = Span::start("hookline.attempt", Kind::Client, Some(PARENT), None);
+        if attempt.is_live() {
+            attempt.int("hookline.attempt", i as i64);
+        }
+        std::hint::black_box(attempt.traceparent());
+    }
+    start.elapsed().as_nanos() as f64 / n.max(1) as f64
 }
 
 fn per_stage(r: &RunResult) -> BTreeMap<String, f64> {
@@ -48,6 +74,7 @@ pub async fn run(
     mix: &Mix,
     spec: &dyn Fn(&str, &str, Vec<Planned>) -> RunSpec,
 ) -> anyhow::Result<(Vec<RunResult>, TraceCost)> {
+    let off_path = off_path_ns(1_000_000);
     let off = phases::run(
         ctx,
         &spec(
@@ -86,6 +113,7 @@ pub async fn run(
         otlp_requests: requests - requests_before,
         otlp_bytes_per_delivery: (bytes - bytes_before) as f64
             / on.ledger.deliveries_received.max(1) as f64,
+        off_path_ns: off_path,
     };
     anyhow::ensure!(
         cost.otlp_requests > 0,

@@ -471,3 +471,136 @@ async fn a_retried_and_replayed_delivery_is_one_trace_across_the_processes() {
     println!("trace {trace_id} read back from Jaeger:\n{shown}");
     drop(stages);
 }
+
+/// A trace started by `POST /v1/events` (no producer span): the request's span is the root,
+/// the dedupe span its child, the attempt the dedupe span's; the same event id posted again
+/// is its own trace whose dedupe span says `dropped` and that has no attempt.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn post_v1_events_starts_the_trace_and_a_duplicate_is_dropped_in_its_own() {
+    require_kafka();
+    let prefix = unique_prefix("traces-post");
+    let dir = std::env::temp_dir().join(&prefix);
+    std::fs::create_dir_all(&dir).expect("dir");
+    let jaeger = Jaeger::start(&dir).await;
+    let rx = Receiver::start().await;
+    let token = hookline_admin::auth::generate();
+    let hash = hookline_admin::auth::hex(&hookline_admin::auth::sha256(&token));
+    let text = format!(
+        "[kafka]\nbootstrap_servers = \"{}\"\n[topics]\nprefix = \"{prefix}\"\npartitions = 3\n\
+         [server]\nlisten = \"127.0.0.1:0\"\n[admin]\nlisten = \"127.0.0.1:0\"\n\
+         [[admin.tokens]]\nname = \"t\"\nsha256 = \"{hash}\"\nscope = \"admin\"\n\
+         [http]\nallow_cidrs = [\"127.0.0.0/8\"]\n\
+         [log]\nlevel = \"info\"\nformat = \"json\"\n\
+         [traces]\nenabled = true\nendpoint = \"{}\"\n\
+         [[endpoints]]\nid = \"ep\"\nurl = \"{}\"\n",
+        bootstrap(),
+        jaeger.otlp_url(),
+        rx.url("ep"),
+    );
+    let config_path = dir.join("hookline.toml");
+    std::fs::write(&config_path, &text).expect("config");
+    let config = hookline_common::config::Config::from_toml_with_env(&text, "test", Vec::new())
+        .expect("config");
+    apply_topics(&config).await;
+    let log = dir.join("run-all.log");
+    let mut all = Hookline::start(&config_path, &["run", "all"], &[], &log);
+    let api = loop {
+        if let Some(addr) = logged_addr(&log, "admin api listening") {
+            break addr;
+        }
+        assert!(
+            all.child.try_wait().expect("try_wait").is_none(),
+            "run all exited:\n{}",
+            std::fs::read_to_string(&log).unwrap_or_default()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let http = reqwest::Client::new();
+    for _ in 0..2 {
+        let answer = http
+            .post(format!("http://{api}/v1/events"))
+            .bearer_auth(&token)
+            .json(&serde_json::json!({"id": "evt-posted", "type": "order.paid", "data": {}}))
+            .send()
+            .await
+            .expect("POST /v1/events");
+        assert_eq!(answer.status(), 202);
+    }
+    let got = rx.wait_for("ep", 1, Duration::from_secs(60)).await;
+    let tp = got[0]
+        .headers
+        .get("traceparent")
+        .expect("traceparent")
+        .clone();
+    let trace_id = tp.split('-').nth(1).expect("trace id").to_string();
+    let start = Instant::now();
+    let all_spans = loop {
+        if let Some(t) = jaeger.trace(&trace_id).await {
+            let s = spans(&t);
+            if s.iter().any(|s| s.name == "hookline.attempt") && s.len() >= 3 {
+                break s;
+            }
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "trace {trace_id} incomplete"
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    };
+    let post = all_spans
+        .iter()
+        .find(|s| s.name == "POST /v1/events")
+        .expect("the request's span");
+    assert_eq!(post.parent, None, "the request started the trace");
+    assert_eq!(tag_str(post, "hookline.event.id"), "evt-posted");
+    let dedupe = all_spans
+        .iter()
+        .find(|s| s.name == "hookline.dedupe")
+        .expect("dedupe");
+    assert_eq!(dedupe.parent.as_deref(), Some(post.id.as_str()));
+    assert_eq!(tag_str(dedupe, "hookline.dedupe.outcome"), "kept");
+    let attempt = all_spans
+        .iter()
+        .find(|s| s.name == "hookline.attempt")
+        .expect("attempt");
+    assert_eq!(attempt.parent.as_deref(), Some(dedupe.id.as_str()));
+
+    // The second POST: its own trace, its dedupe span `dropped`, no attempt. Jaeger's search by
+    // service and operation finds it.
+    let start = Instant::now();
+    loop {
+        let found: serde_json::Value = reqwest::get(format!(
+            "http://127.0.0.1:{}/api/traces?service=hookline&operation=hookline.dedupe&limit=20&lookback=1h",
+            jaeger.query
+        ))
+        .await
+        .expect("search")
+        .json()
+        .await
+        .expect("json");
+        let dropped = found["data"]
+            .as_array()
+            .map(Vec::as_slice)
+            .unwrap_or_default()
+            .iter()
+            .flat_map(|t| spans(t))
+            .filter(|s| {
+                s.name == "hookline.dedupe" && tag_str(s, "hookline.dedupe.outcome") == "dropped"
+            })
+            .count();
+        if dropped == 1 {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "no dropped dedupe span: {found}"
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    assert_eq!(
+        rx.requests("ep").len(),
+        1,
+        "the duplicate was not delivered"
+    );
+    drop(all);
+}
