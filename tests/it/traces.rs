@@ -583,7 +583,7 @@ async fn post_v1_events_starts_the_trace_and_a_duplicate_is_dropped_in_its_own()
             .map(Vec::as_slice)
             .unwrap_or_default()
             .iter()
-            .flat_map(|t| spans(t))
+            .flat_map(spans)
             .filter(|s| {
                 s.name == "hookline.dedupe" && tag_str(s, "hookline.dedupe.outcome") == "dropped"
             })
