@@ -1,7 +1,10 @@
-//! Operational events on `<p>.operational` (key = endpoint id, value = JSON): things an operator
-//! must hear about that no request asked for. Today: an endpoint disabled automatically after a
-//! period of uninterrupted failure (`kind = "endpoint_auto_disabled"`), written in the same
-//! transaction as the disable itself, so the event exists exactly when the disable happened.
+//! Operational events on `<p>.operational` (key = endpoint id, value = JSON): what happened to
+//! endpoints, each written in the same transaction as the registry change itself, so an event
+//! exists exactly when its change happened — once, whichever pod made it (the registry writer's
+//! fencing lets one writer commit). Kinds: `endpoint.created`, `endpoint.updated` (a changed
+//! definition, a rotated secret), `endpoint.disabled` / `endpoint.enabled` (by a person),
+//! `endpoint.deleted`, and `endpoint_auto_disabled` (after a period of uninterrupted failure).
+//! A secrets-key re-encryption changes nothing an operator sees and writes none.
 
 use serde::{Deserialize, Serialize};
 
@@ -25,10 +28,19 @@ pub struct OperationalEvent {
     pub last_error: Option<String>,
     /// The process that decided it.
     pub instance: String,
+    /// The endpoint's registry version after the change (its last one for a delete).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub version: Option<u64>,
 }
 
 /// `kind` of an automatic disable.
 pub const AUTO_DISABLED: &str = "endpoint_auto_disabled";
+/// `kind`s of the registry's own changes.
+pub const CREATED: &str = "endpoint.created";
+pub const UPDATED: &str = "endpoint.updated";
+pub const DISABLED: &str = "endpoint.disabled";
+pub const ENABLED: &str = "endpoint.enabled";
+pub const DELETED: &str = "endpoint.deleted";
 
 impl OperationalEvent {
     pub fn to_bytes(&self) -> Vec<u8> {

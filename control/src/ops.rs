@@ -10,7 +10,7 @@ use hookline_common::config::EndpointConfig;
 
 use crate::crypto::CryptoError;
 use crate::endpoint::{resolve_headers, rotated, validate, Endpoint, FieldError, HeaderEdit};
-use crate::operational::OperationalEvent;
+use crate::operational::{self as events, OperationalEvent};
 use crate::record::ManagedBy;
 use crate::registry::Registry;
 use crate::writer::Change;
@@ -131,6 +131,29 @@ fn bumped(mut e: Endpoint, now: i64) -> Endpoint {
     e
 }
 
+/// The `<p>.operational` event of a change by a person or a tool (`kind` from
+/// [`crate::operational`]), for `e` as it is after the change.
+fn change_event(
+    config: &hookline_common::config::Config,
+    kind: &str,
+    e: &Endpoint,
+    now: i64,
+    reason: &str,
+) -> OperationalEvent {
+    OperationalEvent {
+        kind: kind.into(),
+        endpoint_id: e.id.clone(),
+        tenant: e.tenant.clone(),
+        reason: reason.into(),
+        at_ms: now,
+        failing_since_ms: None,
+        consecutive_failures: 0,
+        last_error: None,
+        instance: crate::operational::instance_name(config),
+        version: Some(e.version),
+    }
+}
+
 fn check(def: &EndpointConfig) -> Result<(), WriteError> {
     validate(def).map_err(WriteError::Invalid)
 }
@@ -138,6 +161,7 @@ fn check(def: &EndpointConfig) -> Result<(), WriteError> {
 impl Registry {
     /// Creates an API-managed endpoint (secrets as given; empty = requests unsigned).
     pub async fn create(&self, def: EndpointConfig) -> Result<Endpoint, WriteError> {
+        let config = &self.inner.config;
         check(&def)?;
         self.require_key(&def)?;
         let id = def.id.clone();
@@ -147,7 +171,8 @@ impl Registry {
                     return Err(WriteError::AlreadyExists { id: id.clone() });
                 }
                 let e = Endpoint::from_definition(&def, ManagedBy::Api, None, now);
-                Ok((Change::Put(Box::new(e)), None))
+                let event = change_event(config, events::CREATED, &e, now, "created");
+                Ok((Change::Put(Box::new(e)), Some(event)))
             })
             .await;
         self.counted("create", op)
@@ -160,6 +185,7 @@ impl Registry {
         change: EndpointUpdate,
         expected: Option<u64>,
     ) -> Result<Endpoint, WriteError> {
+        let config = &self.inner.config;
         let op = self
             .write(id, |current, now| {
                 let e = editable(id, current, expected)?;
@@ -218,7 +244,9 @@ impl Registry {
                 if next == *e {
                     return Ok((Change::Nothing, None));
                 }
-                Ok((Change::Put(Box::new(bumped(next, now))), None))
+                let next = bumped(next, now);
+                let event = change_event(config, events::UPDATED, &next, now, "definition changed");
+                Ok((Change::Put(Box::new(next)), Some(event)))
             })
             .await;
         self.counted("update", op)
@@ -267,6 +295,7 @@ impl Registry {
         enabled: bool,
         expected: Option<u64>,
     ) -> Result<Endpoint, WriteError> {
+        let config = &self.inner.config;
         let op = self
             .write(id, |current, now| {
                 let e = editable(id, current, expected)?;
@@ -276,7 +305,14 @@ impl Registry {
                 let mut next = e.clone();
                 next.enabled = enabled;
                 next.disabled_reason = (!enabled).then(|| "manual".to_string());
-                Ok((Change::Put(Box::new(bumped(next, now))), None))
+                let next = bumped(next, now);
+                let kind = if enabled {
+                    events::ENABLED
+                } else {
+                    events::DISABLED
+                };
+                let event = change_event(config, kind, &next, now, "manual");
+                Ok((Change::Put(Box::new(next)), Some(event)))
             })
             .await;
         self.counted(if enabled { "enable" } else { "disable" }, op)
@@ -286,9 +322,10 @@ impl Registry {
     /// the DLQ as `endpoint_removed`.
     pub async fn delete(&self, id: &str, expected: Option<u64>) -> Result<(), WriteError> {
         let op = self
-            .write(id, |current, _| {
-                editable(id, current, expected)?;
-                Ok((Change::Delete, None))
+            .write(id, |current, now| {
+                let e = editable(id, current, expected)?;
+                let event = change_event(&self.inner.config, events::DELETED, e, now, "deleted");
+                Ok((Change::Delete, Some(event)))
             })
             .await;
         self.count("delete", op).map(|_| ())
@@ -320,7 +357,15 @@ impl Registry {
                 let e = editable(id, current, expected)?;
                 let mut next = e.clone();
                 next.secrets = rotated(&e.secrets, new.clone(), now, grace);
-                Ok((Change::Put(Box::new(bumped(next, now))), None))
+                let next = bumped(next, now);
+                let event = change_event(
+                    &self.inner.config,
+                    events::UPDATED,
+                    &next,
+                    now,
+                    "secret rotated",
+                );
+                Ok((Change::Put(Box::new(next)), Some(event)))
             })
             .await;
         self.counted("rotate_secret", op)

@@ -342,6 +342,7 @@ async fn auto_disable_loop(
                     None => l.class.clone(),
                 }),
                 instance: instance.clone(),
+                version: Some(e.version + 1),
             };
             match registry.auto_disable(&e.id, e.version, event.clone()).await {
                 Ok(true) => {

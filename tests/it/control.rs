@@ -514,12 +514,21 @@ async fn the_delivery_log_traces_attempts_of_two_processes_and_health_auto_disab
     let events = read_until(
         &format!("{prefix}.operational"),
         Duration::from_secs(10),
-        |r| !r.is_empty(),
+        |r| r.len() >= 2,
     );
-    assert_eq!(events.len(), 1);
-    let v: serde_json::Value =
-        serde_json::from_slice(rdkafka::message::Message::payload(&events[0]).unwrap_or_default())
-            .expect("json");
+    let kinds: Vec<serde_json::Value> = events
+        .iter()
+        .map(|m| {
+            serde_json::from_slice(rdkafka::message::Message::payload(m).unwrap_or_default())
+                .expect("json")
+        })
+        .collect();
+    assert_eq!(
+        kinds.iter().map(|v| v["kind"].clone()).collect::<Vec<_>>(),
+        vec!["endpoint.created", "endpoint_auto_disabled"],
+        "one event per change"
+    );
+    let v = &kinds[1];
     assert_eq!(v["kind"], "endpoint_auto_disabled");
     assert_eq!(v["endpoint_id"], "flaky");
     assert_eq!(v["consecutive_failures"], 5);
@@ -783,4 +792,95 @@ async fn the_delivery_log_writer_is_cheap() {
         dropped()
     );
     assert_eq!(dropped(), 0.0, "a 100k buffer takes a 100k burst");
+}
+
+/// Every change of an API-managed endpoint is one event on `<p>.operational`, written in the
+/// change's own transaction by whichever process made it: two registries ("pods") take turns,
+/// then race to disable the same endpoint, and the topic holds each change once, in order,
+/// with the version it produced.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_endpoint_change_is_one_operational_event_across_processes() {
+    require_kafka();
+    let prefix = unique_prefix("opevents");
+    let config = test_config(&prefix, "");
+    apply_topics(&config).await;
+    let key = Keyring::generate_key();
+    let a = registry(&config, &key, false).await;
+    let b = registry(&config, &key, false).await;
+    a.create(def("crm", "https://crm.example/h"))
+        .await
+        .expect("create");
+    visible(&b, "created", |r| r.get("crm").is_some()).await;
+    b.update(
+        "crm",
+        EndpointUpdate {
+            url: Some("https://crm.example/v2".into()),
+            ..Default::default()
+        },
+        Some(1),
+    )
+    .await
+    .expect("update");
+    visible(&a, "updated", |r| {
+        r.get("crm").is_some_and(|e| e.version == 2)
+    })
+    .await;
+    // Both pods disable it at once: one wins, one event.
+    let (x, y) = tokio::join!(
+        a.set_enabled("crm", false, None),
+        b.set_enabled("crm", false, None)
+    );
+    x.expect("a's disable");
+    y.expect("b's disable");
+    visible(&b, "disabled", |r| r.get("crm").is_some_and(|e| !e.enabled)).await;
+    b.set_enabled("crm", true, None).await.expect("enable");
+    visible(&a, "enabled", |r| r.get("crm").is_some_and(|e| e.enabled)).await;
+    a.rotate_secret("crm", None, None, None)
+        .await
+        .expect("rotate");
+    visible(&b, "rotated", |r| {
+        r.get("crm").is_some_and(|e| e.version == 5)
+    })
+    .await;
+    b.delete("crm", None).await.expect("delete");
+
+    let events = read_until(
+        &format!("{prefix}.operational"),
+        Duration::from_secs(15),
+        |r| r.len() >= 6,
+    );
+    // Settle: nothing more arrives.
+    let settled = read_until(
+        &format!("{prefix}.operational"),
+        Duration::from_secs(2),
+        |_| false,
+    );
+    assert_eq!(settled.len(), events.len().max(6), "no extra events");
+    let seen: Vec<(String, u64, String)> = settled
+        .iter()
+        .map(|m| {
+            let v: serde_json::Value =
+                serde_json::from_slice(rdkafka::message::Message::payload(m).unwrap_or_default())
+                    .expect("json");
+            assert_eq!(v["endpoint_id"], "crm");
+            assert_eq!(v["tenant"], "acme");
+            (
+                v["kind"].as_str().unwrap_or_default().to_string(),
+                v["version"].as_u64().unwrap_or_default(),
+                v["reason"].as_str().unwrap_or_default().to_string(),
+            )
+        })
+        .collect();
+    let expected: Vec<(String, u64, String)> = [
+        ("endpoint.created", 1, "created"),
+        ("endpoint.updated", 2, "definition changed"),
+        ("endpoint.disabled", 3, "manual"),
+        ("endpoint.enabled", 4, "manual"),
+        ("endpoint.updated", 5, "secret rotated"),
+        ("endpoint.deleted", 5, "deleted"),
+    ]
+    .iter()
+    .map(|(k, v, r)| (k.to_string(), *v, r.to_string()))
+    .collect();
+    assert_eq!(seen, expected);
 }
