@@ -21,6 +21,11 @@ use hookline_common::kafka::{
 use crate::dedupe::{unix_secs, STAGE};
 use crate::seen::SeenSet;
 
+/// Longest a restore waits at the last stable offset for the commit markers of transactions
+/// below the high watermark (normally milliseconds; the transaction timeout bounds an
+/// abandoned one at 10 s).
+const MARKER_WAIT: Duration = Duration::from_secs(30);
+
 /// A restore that finished.
 pub(crate) struct Restored {
     pub(crate) partition: i32,
@@ -59,6 +64,11 @@ pub(crate) fn restore(
     let consumer: BaseConsumer<EofQuietContext> = c
         .create_with_context(EofQuietContext("dedupe restore"))
         .context("creating the restore consumer")?;
+    let end_reader: BaseConsumer<EofQuietContext> = base_config(config)
+        .set("isolation.level", "read_uncommitted")
+        .set("enable.auto.commit", "false")
+        .create_with_context(EofQuietContext("dedupe restore"))
+        .context("creating the restore's watermark client")?;
 
     let mut input = TopicPartitionList::new();
     input.add_partition(&topics.dedupe(), partition);
@@ -96,11 +106,18 @@ pub(crate) fn restore(
     let window = config.dedupe.window.as_secs().max(1);
     let mut seen = SeenSet::new(window);
     let state_topic = topics.dedupe_state();
-    // The changelog was checked at start: "unknown partition" is a broker that just restarted.
+    // The changelog's true end, its high watermark: asked by a `read_uncommitted` client, since
+    // a `read_committed` one is answered the last stable offset, which stops before a
+    // transaction whose commit marker has not reached this partition yet — even when the
+    // committed offsets read above already include that transaction (the coordinator writes
+    // each partition's marker on its own). Stopping there lost the previous owner's last keys:
+    // their later copies were dispatched again (`dedupe::scale_in_mid_stream_keeps_exactly_once`,
+    // under load). Reading with `read_committed` up to the high watermark waits for every
+    // transaction written before it to be resolved.
     let (low, high) = retry_transient_known(
         &format!("watermarks of {state_topic}[{partition}]"),
         Duration::from_secs(15),
-        || consumer.fetch_watermarks(&state_topic, partition, Duration::from_secs(15)),
+        || end_reader.fetch_watermarks(&state_topic, partition, Duration::from_secs(15)),
     )
     .with_context(|| format!("watermarks of {state_topic}[{partition}]"))?;
     let mut records = 0u64;
@@ -111,6 +128,7 @@ pub(crate) fn restore(
         consumer.assign(&tpl).context("assigning the changelog")?;
         let now = unix_secs();
         let deadline = Instant::now() + Duration::from_secs(600);
+        let mut eof_since: Option<Instant> = None;
         loop {
             match consumer.poll(Duration::from_millis(500)) {
                 Some(Ok(m)) => {
@@ -126,7 +144,34 @@ pub(crate) fn restore(
                         seen.insert(u128::from_be_bytes(k), t);
                     }
                 }
-                Some(Err(KafkaError::PartitionEOF(_))) => break,
+                Some(Err(KafkaError::PartitionEOF(_))) => {
+                    // At the last stable offset: done once that is the high watermark read above
+                    // (every transaction before it resolved), else wait for the markers.
+                    let at = consumer
+                        .position()
+                        .ok()
+                        .and_then(|tpl| {
+                            tpl.find_partition(&state_topic, partition)
+                                .and_then(|e| e.offset().to_raw())
+                        })
+                        .unwrap_or(-1);
+                    if at >= high {
+                        break;
+                    }
+                    let waiting = *eof_since.get_or_insert_with(Instant::now);
+                    if waiting.elapsed() > MARKER_WAIT {
+                        // A marker this late is a broker problem; say so and go on rather than
+                        // hold the partition (the keys of that transaction may pass again).
+                        tracing::warn!(
+                            partition,
+                            position = at,
+                            high_watermark = high,
+                            "changelog restore stopped before the high watermark: a transaction \
+                             there stayed unresolved"
+                        );
+                        break;
+                    }
+                }
                 Some(Err(e)) => tracing::warn!(partition, error = %e, "restore read error"),
                 None => {}
             }
