@@ -408,6 +408,12 @@ async fn run_stages(
                 let result = hookline_dispatcher::run_with(c, r, rd, s, p).await;
                 ("dispatcher", result)
             });
+            // Operational webhooks: every dispatcher process is a member of the relay's group.
+            let (c, r, rd, s) = ctx();
+            tasks.spawn(async move {
+                let result = hookline_control::relay::run(c, r, rd, s).await;
+                (hookline_control::relay::STAGE, result)
+            });
         }
         if matches!(stage, Stage::RetryTiers | Stage::RetryTier | Stage::All) {
             let ((c, r, rd, s), p) = (ctx(), plane.clone());

@@ -1130,6 +1130,7 @@ mod config {
                 "health_window_attempts",
                 "health_lookback",
                 "auto_disable_after",
+                "failing_after",
                 "operational_retention",
                 "metrics_endpoint_limit",
                 "delivery_log",

@@ -9,7 +9,9 @@
 //! - [`attempts`]: the delivery log `<p>.attempts` and its non-blocking batched writer;
 //!   [`trace`]: an event's attempts read back (`hookline trace`).
 //! - [`health`]: per-endpoint health from the delivery log (pure); [`tracker`]: tails the log
-//!   and the DLQ, auto-disables; [`operational`]: events on `<p>.operational`.
+//!   and the DLQ, marks endpoints failing / recovered, auto-disables; [`operational`]: events
+//!   on `<p>.operational`; [`relay`]: those and every dead letter turned into operational
+//!   webhooks (`hookline.*` events).
 //! - [`tail`]: reading topics by assignment (no group) with positions to wait on.
 //! - [`plane`]: what a stage takes from all this — the registry fed into the delivery path's
 //!   live endpoint set, and the delivery log as the path's attempt observer.
@@ -27,6 +29,7 @@ pub mod ops;
 pub mod plane;
 pub mod record;
 pub mod registry;
+pub mod relay;
 pub mod seed;
 pub mod table;
 pub mod tail;

@@ -129,6 +129,8 @@ impl AttemptLogMetrics {
 #[derive(Clone)]
 pub struct HealthMetrics {
     pub(crate) auto_disabled: IntCounter,
+    /// Failing / recovered marks this process wrote, by kind.
+    marks: IntCounterVec,
 }
 
 impl HealthMetrics {
@@ -138,6 +140,24 @@ impl HealthMetrics {
             "Endpoints this process disabled automatically after uninterrupted failure",
         )?;
         registry.register(Box::new(auto_disabled.clone()))?;
-        Ok(HealthMetrics { auto_disabled })
+        let marks = IntCounterVec::new(
+            Opts::new(
+                "hookline_control_endpoint_health_marks_total",
+                "Endpoints this process marked failing or recovered (kind = endpoint.failing, endpoint.recovered)",
+            ),
+            &["kind"],
+        )?;
+        registry.register(Box::new(marks.clone()))?;
+        for k in [crate::operational::FAILING, crate::operational::RECOVERED] {
+            marks.with_label_values(&[k]);
+        }
+        Ok(HealthMetrics {
+            auto_disabled,
+            marks,
+        })
+    }
+
+    pub(crate) fn marked(&self, kind: &str) {
+        self.marks.with_label_values(&[kind]).inc();
     }
 }

@@ -3,17 +3,24 @@
 //! exists exactly when its change happened — once, whichever pod made it (the registry writer's
 //! fencing lets one writer commit). Kinds: `endpoint.created`, `endpoint.updated` (a changed
 //! definition, a rotated secret), `endpoint.disabled` / `endpoint.enabled` (by a person),
-//! `endpoint.deleted`, and `endpoint_auto_disabled` (after a period of uninterrupted failure).
-//! A secrets-key re-encryption changes nothing an operator sees and writes none.
+//! `endpoint.deleted`, `endpoint_auto_disabled` (after a period of uninterrupted failure),
+//! `endpoint.failing` / `endpoint.recovered` (the health tracker's marks, see
+//! [`crate::tracker`]). A secrets-key re-encryption changes nothing an operator sees and writes
+//! none; nor does seeding the config file's endpoints (the file is the record of those).
+//!
+//! [`crate::relay`] turns each into an operational webhook (`hookline.endpoint.*`).
 
 use serde::{Deserialize, Serialize};
 
 /// One operational event.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct OperationalEvent {
-    /// `endpoint_auto_disabled`.
+    /// One of the kinds below.
     pub kind: String,
     pub endpoint_id: String,
+    /// The endpoint's URL after the change (its last one for a delete).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub url: Option<String>,
     #[serde(default)]
     pub tenant: Option<String>,
     /// A sentence for people (also the endpoint's `disabled_reason`).
@@ -41,6 +48,9 @@ pub const UPDATED: &str = "endpoint.updated";
 pub const DISABLED: &str = "endpoint.disabled";
 pub const ENABLED: &str = "endpoint.enabled";
 pub const DELETED: &str = "endpoint.deleted";
+/// `kind`s of the health tracker's marks.
+pub const FAILING: &str = "endpoint.failing";
+pub const RECOVERED: &str = "endpoint.recovered";
 
 impl OperationalEvent {
     pub fn to_bytes(&self) -> Vec<u8> {

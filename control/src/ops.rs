@@ -143,6 +143,7 @@ fn change_event(
     OperationalEvent {
         kind: kind.into(),
         endpoint_id: e.id.clone(),
+        url: Some(e.url.clone()),
         tenant: e.tenant.clone(),
         reason: reason.into(),
         at_ms: now,
@@ -429,6 +430,45 @@ impl Registry {
             })
             .await;
         self.count("auto_disable", op)?;
+        Ok(wrote)
+    }
+
+    /// Marks an endpoint failing since `since` (`Some`) or recovered (`None`), announcing it on
+    /// `<p>.operational` in the same transaction (`event`). `Ok(false)`: nothing done — the mark
+    /// is already so (another process wrote it), or the endpoint is gone. Any endpoint, file-
+    /// managed ones too: the mark is health, not definition (seeding keeps it).
+    pub async fn mark_failing(
+        &self,
+        id: &str,
+        since: Option<i64>,
+        event: OperationalEvent,
+    ) -> Result<bool, WriteError> {
+        let mut wrote = false;
+        let op = self
+            .write(id, |current, now| {
+                wrote = false;
+                let Some(e) = current else {
+                    return Ok((Change::Nothing, None));
+                };
+                if e.failing_since_ms.is_some() == since.is_some() {
+                    return Ok((Change::Nothing, None));
+                }
+                let mut next = bumped(e.clone(), now);
+                next.failing_since_ms = since;
+                let mut event = event.clone();
+                event.version = Some(next.version);
+                wrote = true;
+                Ok((Change::Put(Box::new(next)), Some(event)))
+            })
+            .await;
+        self.count(
+            if since.is_some() {
+                "mark_failing"
+            } else {
+                "mark_recovered"
+            },
+            op,
+        )?;
         Ok(wrote)
     }
 

@@ -105,6 +105,11 @@ pub struct EndpointRecord {
     /// Why it is disabled (`manual`, `auto: …`), when it is.
     #[serde(default)]
     pub disabled_reason: Option<String>,
+    /// Since when the endpoint is marked failing (`endpoint.failing` was announced and no
+    /// `endpoint.recovered` yet): health bookkeeping written by the health tracker through the
+    /// registry writer, so one process announces each change. Absent: not failing.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failing_since_ms: Option<i64>,
     pub created_at_ms: i64,
     pub updated_at_ms: i64,
     /// 1 for a new endpoint, +1 on every change: the optimistic-concurrency token.
@@ -182,6 +187,7 @@ mod tests {
             trace_context: None,
             managed_by: ManagedBy::Api,
             disabled_reason: None,
+            failing_since_ms: None,
             created_at_ms: 1,
             updated_at_ms: 2,
             version: 2,

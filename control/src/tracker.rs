@@ -3,12 +3,21 @@
 //! by assignment, so every process reads everything and gives the same answer
 //! ([`crate::health`]).
 //!
-//! Auto-disable (`control.auto_disable_after`, off by default): once caught up, every 10 s, an
-//! API-managed, enabled endpoint whose attempts have all failed for at least that long is
-//! disabled through the registry with an `endpoint_auto_disabled` event on `<p>.operational`
-//! written in the same transaction, and logged. Every process may try; the registry's
-//! optimistic concurrency lets exactly one succeed. File-managed endpoints are not disabled
-//! (the file owns `enabled`): a warning is logged instead.
+//! With a registry (the admin process), once caught up, every 10 s (or `control.failing_after`
+//! / `control.auto_disable_after` if shorter):
+//!
+//! - **Failing / recovered marks**: an enabled endpoint whose attempts have all failed for at
+//!   least `control.failing_after` (5 min) is marked failing on its registry record, with an
+//!   `endpoint.failing` event on `<p>.operational` in the same transaction; a marked endpoint
+//!   whose latest attempt succeeded after the mark's start is cleared with `endpoint.recovered`.
+//!   File-managed endpoints too (the mark is health, not definition).
+//! - **Auto-disable** (`control.auto_disable_after`, off by default): an API-managed, enabled
+//!   endpoint whose attempts have all failed for at least that long is disabled through the
+//!   registry with an `endpoint_auto_disabled` event, and logged. File-managed endpoints are
+//!   not disabled (the file owns `enabled`): a warning is logged instead.
+//!
+//! Every process may try each; the registry writer decides against what is committed (its
+//! fencing lets one writer commit), so each change and its event happen exactly once.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
@@ -24,7 +33,7 @@ use hookline_common::contract::topics::Topics;
 use crate::attempts::Attempt;
 use crate::health::{unknown, EndpointHealth, HealthReport, Window};
 use crate::metrics::HealthMetrics;
-use crate::operational::{instance_name, OperationalEvent, AUTO_DISABLED};
+use crate::operational::{instance_name, OperationalEvent, AUTO_DISABLED, FAILING, RECOVERED};
 use crate::record::ManagedBy;
 use crate::registry::Registry;
 use crate::tail::{covers, Positions, Source, StartAt, Tail};
@@ -106,15 +115,18 @@ impl Health {
             applied,
         ))];
         let health_metrics = HealthMetrics::register(metrics)?;
-        if let (Some(registry), Some(after)) = (registry, config.control.auto_disable_after) {
-            tasks.push(tokio::spawn(auto_disable_loop(
+        if let Some(registry) = registry {
+            tasks.push(tokio::spawn(watch_loop(
                 state.clone(),
                 positions.clone(),
                 ends.clone(),
                 registry,
-                after,
-                window,
-                instance_name(config),
+                Watch {
+                    failing_after: config.control.failing_after,
+                    auto_disable_after: config.control.auto_disable_after,
+                    window,
+                    instance: instance_name(config),
+                },
                 health_metrics,
             )));
         }
@@ -277,83 +289,177 @@ fn apply(m: &rdkafka::message::OwnedMessage, state: &Mutex<State>, dlq: &str, wi
     }
 }
 
-#[allow(clippy::too_many_arguments)]
-async fn auto_disable_loop(
+/// What [`watch_loop`] decides by.
+struct Watch {
+    failing_after: Duration,
+    auto_disable_after: Option<Duration>,
+    window: Window,
+    instance: String,
+}
+
+fn millis(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
+
+/// The check interval: [`CHECK_EVERY`], or the shortest configured period if shorter (≥ 1 s).
+fn check_every(w: &Watch) -> Duration {
+    let shortest = w
+        .auto_disable_after
+        .map_or(w.failing_after, |a| a.min(w.failing_after));
+    CHECK_EVERY.min(shortest).max(Duration::from_secs(1))
+}
+
+fn last_error(r: &HealthReport) -> Option<String> {
+    r.last_error.as_ref().map(|l| match l.status {
+        Some(s) => format!("{} {s}", l.class),
+        None => l.class.clone(),
+    })
+}
+
+async fn watch_loop(
     state: Arc<Mutex<State>>,
     mut positions: watch::Receiver<Positions>,
     ends: Positions,
     registry: Registry,
-    after: Duration,
-    window: Window,
-    instance: String,
+    w: Watch,
     metrics: HealthMetrics,
 ) {
     // A partial read could show a streak whose ending success is not read yet.
     if positions.wait_for(|p| covers(p, &ends)).await.is_err() {
         return;
     }
-    let after_ms = i64::try_from(after.as_millis()).unwrap_or(i64::MAX);
     let mut warned = HashSet::new();
-    let mut tick = tokio::time::interval(CHECK_EVERY);
+    let mut tick = tokio::time::interval(check_every(&w));
     loop {
         tick.tick().await;
         let now = now_ms();
-        let candidates: Vec<HealthReport> = {
+        let reports: Vec<HealthReport> = {
             let s = lock(&state);
             s.endpoints
                 .iter()
-                .map(|(id, h)| h.report(id, now, &window, 0))
-                .filter(|r| {
-                    r.status == "failing"
-                        && r.failing_since_ms
-                            .is_some_and(|since| now - since >= after_ms)
-                })
+                .map(|(id, h)| h.report(id, now, &w.window, 0))
                 .collect()
         };
-        for r in candidates {
-            let Some(e) = registry.get(&r.endpoint_id) else {
-                continue;
-            };
-            if !e.enabled {
-                continue;
+        for r in &reports {
+            mark(&registry, r, &w, now, &metrics).await;
+        }
+        if let Some(after) = w.auto_disable_after {
+            for r in &reports {
+                auto_disable(&registry, r, &w, after, now, &metrics, &mut warned).await;
             }
-            if e.managed_by == ManagedBy::File {
-                if warned.insert(e.id.clone()) {
-                    tracing::warn!(endpoint = %e.id, failing_since_ms = r.failing_since_ms, "endpoint failing beyond control.auto_disable_after but file-managed: not disabled (set enabled = false in the file)");
-                }
-                continue;
-            }
-            let since = r.failing_since_ms.unwrap_or(now);
-            let event = OperationalEvent {
-                kind: AUTO_DISABLED.into(),
-                endpoint_id: e.id.clone(),
-                tenant: e.tenant.clone(),
-                reason: format!(
-                    "auto: every attempt failed since {} ({} attempts), beyond control.auto_disable_after ({})",
-                    crate::table::time(Some(since)),
-                    r.consecutive_failures,
-                    humantime::format_duration(after)
-                ),
-                at_ms: now,
-                failing_since_ms: Some(since),
-                consecutive_failures: r.consecutive_failures,
-                last_error: r.last_error.as_ref().map(|l| match l.status {
-                    Some(s) => format!("{} {s}", l.class),
-                    None => l.class.clone(),
-                }),
-                instance: instance.clone(),
-                version: Some(e.version + 1),
-            };
-            match registry.auto_disable(&e.id, e.version, event.clone()).await {
-                Ok(true) => {
-                    metrics.auto_disabled.inc();
-                    tracing::warn!(endpoint = %e.id, reason = %event.reason, "endpoint auto-disabled");
-                }
-                Ok(false) => {}
-                Err(err) => {
-                    tracing::warn!(endpoint = %e.id, error = %err, "auto-disable failed; will retry")
-                }
-            }
+        }
+    }
+}
+
+/// Marks `r`'s endpoint failing, or clears the mark when it recovered.
+async fn mark(registry: &Registry, r: &HealthReport, w: &Watch, now: i64, metrics: &HealthMetrics) {
+    let Some(e) = registry.get(&r.endpoint_id) else {
+        return;
+    };
+    let (kind, since, reason) = match (e.failing_since_ms, r.failing_since_ms) {
+        (None, Some(since))
+            if e.enabled && r.status == "failing" && now - since >= millis(w.failing_after) =>
+        {
+            let reason = format!(
+                "every attempt failed since {} ({} attempts), beyond control.failing_after ({})",
+                crate::table::time(Some(since)),
+                r.consecutive_failures,
+                humantime::format_duration(w.failing_after)
+            );
+            (FAILING, Some(since), reason)
+        }
+        (Some(marked), _)
+            if r.status != "failing" && r.last_success_at_ms.is_some_and(|at| at >= marked) =>
+        {
+            let reason = format!(
+                "delivered again at {}, failing since {}",
+                crate::table::time(r.last_success_at_ms),
+                crate::table::time(Some(marked))
+            );
+            (RECOVERED, None, reason)
+        }
+        _ => return,
+    };
+    let event = OperationalEvent {
+        kind: kind.into(),
+        endpoint_id: e.id.clone(),
+        url: Some(e.url.clone()),
+        tenant: e.tenant.clone(),
+        reason,
+        at_ms: now,
+        failing_since_ms: since.or(e.failing_since_ms),
+        consecutive_failures: r.consecutive_failures,
+        last_error: last_error(r),
+        instance: w.instance.clone(),
+        version: None,
+    };
+    match registry.mark_failing(&e.id, since, event).await {
+        Ok(true) => {
+            metrics.marked(kind);
+            tracing::warn!(endpoint = %e.id, kind, "endpoint health changed");
+        }
+        Ok(false) => {}
+        Err(err) => {
+            tracing::warn!(endpoint = %e.id, kind, error = %err, "marking the endpoint failed; will retry")
+        }
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn auto_disable(
+    registry: &Registry,
+    r: &HealthReport,
+    w: &Watch,
+    after: Duration,
+    now: i64,
+    metrics: &HealthMetrics,
+    warned: &mut HashSet<String>,
+) {
+    if r.status != "failing"
+        || r.failing_since_ms
+            .is_none_or(|since| now - since < millis(after))
+    {
+        return;
+    }
+    let Some(e) = registry.get(&r.endpoint_id) else {
+        return;
+    };
+    if !e.enabled {
+        return;
+    }
+    if e.managed_by == ManagedBy::File {
+        if warned.insert(e.id.clone()) {
+            tracing::warn!(endpoint = %e.id, failing_since_ms = r.failing_since_ms, "endpoint failing beyond control.auto_disable_after but file-managed: not disabled (set enabled = false in the file)");
+        }
+        return;
+    }
+    let since = r.failing_since_ms.unwrap_or(now);
+    let event = OperationalEvent {
+        kind: AUTO_DISABLED.into(),
+        endpoint_id: e.id.clone(),
+        url: Some(e.url.clone()),
+        tenant: e.tenant.clone(),
+        reason: format!(
+            "auto: every attempt failed since {} ({} attempts), beyond control.auto_disable_after ({})",
+            crate::table::time(Some(since)),
+            r.consecutive_failures,
+            humantime::format_duration(after)
+        ),
+        at_ms: now,
+        failing_since_ms: Some(since),
+        consecutive_failures: r.consecutive_failures,
+        last_error: last_error(r),
+        instance: w.instance.clone(),
+        version: Some(e.version + 1),
+    };
+    match registry.auto_disable(&e.id, e.version, event.clone()).await {
+        Ok(true) => {
+            metrics.auto_disabled.inc();
+            tracing::warn!(endpoint = %e.id, reason = %event.reason, "endpoint auto-disabled");
+        }
+        Ok(false) => {}
+        Err(err) => {
+            tracing::warn!(endpoint = %e.id, error = %err, "auto-disable failed; will retry")
         }
     }
 }

@@ -116,15 +116,31 @@ impl EndpointsUpdater {
 /// Whether the endpoint, as configured now, subscribes to events of this tenant and type (its
 /// `enabled` flag aside). The one answer to this question: fan-out, every retry attempt and
 /// every replay ask it here, so a tenant or type filter changed between attempts is honoured.
+///
+/// hookline's own events (`hookline.*`, the operational webhooks) go only to an endpoint that
+/// asks for them by a glob of its own starting with `hookline.`: a catch-all endpoint (no globs,
+/// `*`, `order.*`) never receives them.
 pub fn subscribes(e: &EndpointConfig, tenant: Option<&str>, event_type: &str) -> bool {
     let tenant_ok = match (&e.tenant, tenant) {
         (None, _) => true,
         (Some(want), Some(got)) => want == got,
         (Some(_), None) => false,
     };
-    tenant_ok
-        && (e.event_types.is_empty() || e.event_types.iter().any(|g| glob_match(g, event_type)))
+    if !tenant_ok {
+        return false;
+    }
+    if event_type.starts_with(OPERATIONAL_PREFIX) {
+        return e
+            .event_types
+            .iter()
+            .any(|g| g.starts_with(OPERATIONAL_PREFIX) && glob_match(g, event_type));
+    }
+    e.event_types.is_empty() || e.event_types.iter().any(|g| glob_match(g, event_type))
 }
+
+/// The type prefix of hookline's own events (`hookline.endpoint.disabled`, …): reserved, an
+/// input event of such a type is quarantined (`reserved_type`).
+pub const OPERATIONAL_PREFIX: &str = hookline_common::contract::envelope::RESERVED_TYPE_PREFIX;
 
 #[cfg(test)]
 mod tests {
@@ -165,6 +181,35 @@ mod tests {
         assert_eq!(ids(None, "message.created"), ["all"]);
         assert_eq!(ids(Some("globex"), "x"), ["all", "globex"]);
         assert!(e.get("off").is_some());
+    }
+
+    #[test]
+    fn hooklines_own_events_only_to_who_asks_for_them() {
+        let e = Endpoints::new(&[
+            ep("all", None, &[], true),
+            ep("star", None, &["*"], true),
+            ep("ops", None, &["hookline.*"], true),
+            ep("dead-only", None, &["hookline.delivery.dead"], true),
+            ep(
+                "acme-ops",
+                Some("acme"),
+                &["hookline.endpoint.*", "order.*"],
+                true,
+            ),
+        ]);
+        let ids = |t: Option<&str>, ty: &str| -> Vec<String> {
+            e.matching(t, ty).iter().map(|x| x.id.clone()).collect()
+        };
+        assert_eq!(ids(None, "hookline.endpoint.disabled"), ["ops"]);
+        assert_eq!(
+            ids(Some("acme"), "hookline.endpoint.disabled"),
+            ["ops", "acme-ops"]
+        );
+        assert_eq!(
+            ids(Some("globex"), "hookline.delivery.dead"),
+            ["ops", "dead-only"]
+        );
+        assert_eq!(ids(Some("acme"), "order.paid"), ["all", "star", "acme-ops"]);
     }
 
     fn meta(endpoint: &str, tenant: Option<&str>, event_type: &str) -> DeliveryMeta {

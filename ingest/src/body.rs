@@ -102,7 +102,7 @@ fn named(invalid: Invalid) -> BadBody {
     use InvalidReason as R;
     let field = match invalid.reason {
         R::MissingId | R::BadId => "id".to_string(),
-        R::MissingType | R::BadType => "type".to_string(),
+        R::MissingType | R::BadType | R::ReservedType => "type".to_string(),
         R::BadTenant => "tenant".to_string(),
         // The detail names the pointer: "dedupe key field `/data/callId` (rule for …) …".
         R::MissingDedupeField => invalid

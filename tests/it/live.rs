@@ -105,7 +105,7 @@ async fn publish_type(admin: &Admin, n: usize, tag: &str, ty: &str) -> BTreeSet<
 }
 
 /// The signatures of a request that verify with `secret`.
-fn verifies(r: &Recorded, secret: &str) -> bool {
+pub(crate) fn verifies(r: &Recorded, secret: &str) -> bool {
     let key = decode_secret(secret).expect("secret");
     let ts: i64 = r.headers["webhook-timestamp"].parse().expect("timestamp");
     verify(

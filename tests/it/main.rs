@@ -16,6 +16,7 @@ mod harness;
 mod ingest;
 mod isolation;
 mod live;
+mod operational;
 mod outage;
 mod oversize;
 mod pipeline;

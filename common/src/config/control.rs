@@ -44,6 +44,11 @@ pub struct ControlConfig {
     /// set (Svix uses 5 days).
     #[serde(default, with = "humantime_serde")]
     pub auto_disable_after: Option<Duration>,
+    /// An enabled endpoint whose attempts have all failed for this long is marked failing
+    /// (`hookline.endpoint.failing`; `hookline.endpoint.recovered` at its next success). Decided
+    /// by the admin process's health tracker.
+    #[serde(default = "default_failing_after", with = "humantime_serde")]
+    pub failing_after: Duration,
     /// Retention of `<p>.operational` (operational events such as an auto-disable).
     #[serde(default = "default_operational_retention", with = "humantime_serde")]
     pub operational_retention: Duration,
@@ -85,6 +90,9 @@ const fn default_health_window_attempts() -> usize {
 const fn default_health_lookback() -> Duration {
     Duration::from_secs(86_400)
 }
+const fn default_failing_after() -> Duration {
+    Duration::from_secs(5 * 60)
+}
 const fn default_operational_retention() -> Duration {
     Duration::from_secs(30 * 86_400)
 }
@@ -99,6 +107,7 @@ impl Default for ControlConfig {
             health_window_attempts: default_health_window_attempts(),
             health_lookback: default_health_lookback(),
             auto_disable_after: None,
+            failing_after: default_failing_after(),
             operational_retention: default_operational_retention(),
             metrics_endpoint_limit: default_metrics_endpoint_limit(),
             delivery_log: default_delivery_log(),
@@ -138,6 +147,9 @@ impl ControlConfig {
             if after < Duration::from_secs(1) {
                 return Err(field("auto_disable_after", "must be at least 1s"));
             }
+        }
+        if self.failing_after < Duration::from_secs(1) {
+            return Err(field("failing_after", "must be at least 1s"));
         }
         if self.operational_retention < Duration::from_secs(60) {
             return Err(field("operational_retention", "must be at least 1m"));

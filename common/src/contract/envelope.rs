@@ -50,10 +50,16 @@ pub enum InvalidReason {
     /// UTF-8, or headers librdkafka cannot parse (more than 100,000, or malformed). Decided
     /// before anything else; quarantined with key and value whole and none of its headers.
     BadHeaders,
+    /// `type` starts with `hookline.`: hookline's own events (the operational webhooks) are
+    /// made by hookline only, so an endpoint subscribed to them can trust them.
+    ReservedType,
 }
 
+/// The `type` prefix reserved for hookline's own events.
+pub const RESERVED_TYPE_PREFIX: &str = "hookline.";
+
 impl InvalidReason {
-    pub const ALL: [InvalidReason; 11] = [
+    pub const ALL: [InvalidReason; 12] = [
         InvalidReason::PayloadTooLarge,
         InvalidReason::NotJson,
         InvalidReason::NotObject,
@@ -65,6 +71,7 @@ impl InvalidReason {
         InvalidReason::MissingDedupeField,
         InvalidReason::RecordTooLarge,
         InvalidReason::BadHeaders,
+        InvalidReason::ReservedType,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -80,6 +87,7 @@ impl InvalidReason {
             InvalidReason::MissingDedupeField => "missing_dedupe_field",
             InvalidReason::RecordTooLarge => "record_too_large",
             InvalidReason::BadHeaders => "bad_headers",
+            InvalidReason::ReservedType => "reserved_type",
         }
     }
 }
@@ -174,6 +182,15 @@ impl Validator {
                 return Err(invalid(
                     InvalidReason::MissingType,
                     "field `type` is missing",
+                ))
+            }
+            Some(Value::String(s)) if s.starts_with(RESERVED_TYPE_PREFIX) => {
+                return Err(invalid(
+                    InvalidReason::ReservedType,
+                    format!(
+                        "field `type` starts with `{RESERVED_TYPE_PREFIX}`, reserved for \
+                         hookline's own events"
+                    ),
                 ))
             }
             Some(Value::String(s)) if !s.is_empty() && s.len() <= MAX_NAME_BYTES => s,
@@ -521,6 +538,10 @@ mod tests {
         assert_eq!(reason(br#"{"id":7,"type":"a"}"#), BadId);
         assert_eq!(reason(br#"{"id":"","type":"a"}"#), BadId);
         assert_eq!(reason(br#"{"id":"a.b","type":"a"}"#), BadId);
+        assert_eq!(
+            reason(br#"{"id":"a","type":"hookline.endpoint.disabled"}"#),
+            ReservedType
+        );
         assert_eq!(reason(br#"{"id":"a b","type":"a"}"#), BadId);
         let long = format!(r#"{{"id":"{}","type":"a"}}"#, "x".repeat(257));
         assert_eq!(reason(long.as_bytes()), BadId);
