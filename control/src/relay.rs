@@ -40,7 +40,9 @@ use hookline_common::contract::event_headers::EventHeaders;
 use hookline_common::contract::keyhash::{key_hash, partition_for};
 use hookline_common::contract::topics::Topics;
 use hookline_common::kafka::produce::{await_acked, enqueue, OwnedRecord, ProduceErrors};
-use hookline_common::kafka::{consumer_config, producer_config, topic_partitions};
+use hookline_common::kafka::{
+    consumer_config, producer_config, retry_transient, retry_transient_known, topic_partitions,
+};
 use hookline_common::runtime::ops::Readiness;
 use hookline_common::runtime::shutdown::Shutdown;
 
@@ -371,38 +373,47 @@ async fn relay(
 /// DLQ's current end: dead letters from before the relay existed are not announced (the
 /// operational topic, bounded by its retention, is read from its beginning).
 async fn start_dlq_at_its_end(consumer: &StreamConsumer, dlq: &str) -> anyhow::Result<()> {
-    let partitions = topic_partitions(consumer.client(), dlq, Duration::from_secs(10))
-        .with_context(|| format!("reading the partitions of {dlq}"))?;
-    let mut tpl = TopicPartitionList::new();
-    for p in &partitions {
-        tpl.add_partition(dlq, *p);
-    }
-    let committed = consumer
-        .committed_offsets(tpl, Duration::from_secs(10))
+    // Blocking Kafka calls, each riding out a broker's or coordinator's outage like every
+    // stage's start-up calls.
+    tokio::task::block_in_place(|| {
+        let partitions = topic_partitions(consumer.client(), dlq, Duration::from_secs(10))
+            .with_context(|| format!("reading the partitions of {dlq}"))?;
+        let mut tpl = TopicPartitionList::new();
+        for p in &partitions {
+            tpl.add_partition(dlq, *p);
+        }
+        let committed = retry_transient("relay committed offsets", || {
+            consumer.committed_offsets(tpl.clone(), Duration::from_secs(10))
+        })
         .with_context(|| format!("reading the relay's committed offsets on {dlq}"))?;
-    if committed
-        .elements()
-        .iter()
-        .any(|e| matches!(e.offset(), Offset::Offset(_)))
-    {
-        return Ok(());
-    }
-    let mut ends = TopicPartitionList::new();
-    for p in &partitions {
-        let (_, high) = consumer
-            .fetch_watermarks(dlq, *p, Duration::from_secs(10))
+        if committed
+            .elements()
+            .iter()
+            .any(|e| matches!(e.offset(), Offset::Offset(_)))
+        {
+            return Ok(());
+        }
+        let mut ends = TopicPartitionList::new();
+        for p in &partitions {
+            let (_, high) = retry_transient_known("relay dlq end", Duration::from_secs(30), || {
+                consumer.fetch_watermarks(dlq, *p, Duration::from_secs(10))
+            })
             .with_context(|| format!("reading the end of {dlq} [{p}]"))?;
-        ends.add_partition_offset(dlq, *p, Offset::Offset(high))?;
-    }
-    match consumer.commit(&ends, CommitMode::Sync) {
-        Ok(()) => tracing::info!(
-            topic = dlq,
-            "operational-webhook relay: first run, dead letters announced from the end of the DLQ"
-        ),
-        // Another pod is in the group already: it committed first.
-        Err(e) => tracing::debug!(error = %e, "operational-webhook relay: first-run commit"),
-    }
-    Ok(())
+            ends.add_partition_offset(dlq, *p, Offset::Offset(high))?;
+        }
+        match retry_transient("relay first-run commit", || {
+            consumer.commit(&ends, CommitMode::Sync)
+        }) {
+            Ok(()) => tracing::info!(
+                topic = dlq,
+                "operational-webhook relay: first run, dead letters announced from the end of the DLQ"
+            ),
+            // Another pod is in the group already (it committed first), or the commit was
+            // refused for good: announced from where the group starts, logged.
+            Err(e) => tracing::info!(error = %e, "operational-webhook relay: first-run commit not made"),
+        }
+        Ok(())
+    })
 }
 
 #[cfg(test)]

@@ -257,7 +257,11 @@ pub fn settle(
             .expect("every dispatch record has its dedupe key")
             .to_owned();
         *by_key.entry(key).or_insert(0) += 1;
-        if let Some(id) = harness::header(m, "hookline-event-id") {
+        // hookline's own events (operational webhooks: endpoint changes, dead letters) are
+        // deduped like any (the key check above) but are not the stream's.
+        let own =
+            harness::header(m, "hookline-event-type").is_some_and(|t| t.starts_with("hookline."));
+        if let Some(id) = harness::header(m, "hookline-event-id").filter(|_| !own) {
             dispatched_ids.insert(id.to_owned());
         }
     }
