@@ -18,30 +18,10 @@ use crate::admin::{admin_section, ADMIN_TOKEN};
 use crate::harness::*;
 use crate::live::verifies;
 use crate::receiver::{Behavior, Receiver, Recorded};
+use crate::secured::wait_logged;
 
 const OPS_SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
 const ACME_OPS_SECRET: &str = "whsec_C2FVsBQIhrscChlQIMV+b5sSYspob7oD";
-
-async fn wait_logged(log: &Path, message: &str, child: &mut Hookline) -> String {
-    let start = Instant::now();
-    loop {
-        if let Some(addr) = logged_addr(log, message) {
-            return addr;
-        }
-        if let Some(status) = child.child.try_wait().expect("try_wait") {
-            panic!(
-                "exited ({status}) before logging {message:?}:\n{}",
-                std::fs::read_to_string(log).unwrap_or_default()
-            );
-        }
-        assert!(
-            start.elapsed() < Duration::from_secs(60),
-            "no {message:?} in 60 s:\n{}",
-            std::fs::read_to_string(log).unwrap_or_default()
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
 
 /// Until every process answers `/readyz` 200 (the relay's probe included).
 async fn all_ready(logs: &[&Path]) {

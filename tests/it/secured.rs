@@ -142,7 +142,7 @@ fn config_file(dir: &Path, name: &str, kafka: &str, rest: &str) -> PathBuf {
 }
 
 /// Until `log` holds the JSON line `message` (its `addr`), or panics with the log.
-async fn wait_logged(log: &Path, message: &str, child: &mut Hookline) -> String {
+pub(crate) async fn wait_logged(log: &Path, message: &str, child: &mut Hookline) -> String {
     let start = Instant::now();
     loop {
         if let Some(addr) = logged_addr(log, message) {
