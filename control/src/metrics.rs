@@ -1,6 +1,8 @@
 //! Control-plane metrics, `hookline_control_<thing>_<unit>`, every label a closed set.
 
-use prometheus::{IntCounter, IntCounterVec, IntGaugeVec, Opts, Registry};
+use prometheus::{
+    Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGaugeVec, Opts, Registry,
+};
 
 use crate::endpoint::EndpointSet;
 
@@ -10,6 +12,8 @@ pub struct RegistryMetrics {
     endpoints: IntGaugeVec,
     records: IntCounterVec,
     writes: IntCounterVec,
+    transactions: IntCounterVec,
+    transaction_records: Histogram,
 }
 
 /// Label values of `hookline_control_registry_writes_total{op}`.
@@ -57,9 +61,30 @@ impl RegistryMetrics {
             ),
             &["op", "result"],
         )?;
+        let transactions = IntCounterVec::new(
+            Opts::new(
+                "hookline_control_registry_transactions_total",
+                "Transactions of this process's registry writer by result (one carries every write waiting when it began)",
+            ),
+            &["result"],
+        )?;
+        let transaction_records = Histogram::with_opts(
+            HistogramOpts::new(
+                "hookline_control_registry_transaction_records",
+                "Endpoint records per committed registry transaction",
+            )
+            .buckets(vec![
+                1.0, 2.0, 4.0, 8.0, 16.0, 64.0, 256.0, 1024.0, 4096.0, 16384.0,
+            ]),
+        )?;
         registry.register(Box::new(endpoints.clone()))?;
         registry.register(Box::new(records.clone()))?;
         registry.register(Box::new(writes.clone()))?;
+        registry.register(Box::new(transactions.clone()))?;
+        registry.register(Box::new(transaction_records.clone()))?;
+        for r in ["committed", "aborted"] {
+            transactions.with_label_values(&[r]);
+        }
         for s in STATES {
             endpoints.with_label_values(&[s]);
         }
@@ -75,6 +100,8 @@ impl RegistryMetrics {
             endpoints,
             records,
             writes,
+            transactions,
+            transaction_records,
         })
     }
 
@@ -84,6 +111,17 @@ impl RegistryMetrics {
 
     pub(crate) fn write(&self, op: &'static str, result: &'static str) {
         self.writes.with_label_values(&[op, result]).inc();
+    }
+
+    /// A registry transaction ended: `Some(records)` committed, `None` aborted.
+    pub(crate) fn transaction(&self, committed: Option<usize>) {
+        match committed {
+            Some(n) => {
+                self.transactions.with_label_values(&["committed"]).inc();
+                self.transaction_records.observe(n as f64);
+            }
+            None => self.transactions.with_label_values(&["aborted"]).inc(),
+        }
     }
 
     pub(crate) fn set_endpoints(&self, set: &EndpointSet) {

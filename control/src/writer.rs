@@ -1,25 +1,34 @@
 //! Writes to `<p>.endpoints` with optimistic concurrency that holds across processes, without a
 //! database: every writer uses the same transactional id, so a writer's `init_transactions`
-//! fences whichever writer initialised before it. A write then
+//! fences whichever writer initialised before it. A process's writer
 //!
-//! 1. initialises a fresh transactional producer (fencing every writer initialised before),
-//! 2. reads the registry up to the topic's end (watermarks fetched *after* it was initialised),
-//! 3. decides on that state (expected version, file-managed, …) what to write,
-//! 4. writes it in a transaction (with an operational event on `<p>.operational` if any) and
-//!    commits.
+//! 1. initialises its transactional producer (fencing every writer initialised before) and
+//!    reads the registry up to the topic's end (watermarks fetched *after* initialising) —
+//!    once, then again only after a failed transaction;
+//! 2. decides each write on that state plus its own writes not read back yet (the overlay);
+//! 3. writes the records (with their operational events on `<p>.operational`) in a
+//!    transaction shared by every write waiting at that moment (group commit), and commits.
 //!
 //! A commit succeeds only if no other writer initialised since step 1 — and any writer that
-//! committed before that is in what step 2 read. So a decision is never made on a stale state:
-//! two racing writers never both succeed, and the loser's records are aborted (invisible to the
-//! `read_committed` readers, and compaction-proof). A fenced writer starts over from step 1
-//! (a few times) and the expected-version check then answers the caller. Writes of one process
-//! are serialised by a mutex, so they never fence each other.
+//! committed before that is in what step 1 read, while every commit since is this producer's
+//! own (in the overlay until read back). So a decision is never made on a stale state: two
+//! racing writers never both succeed, and the loser's records are aborted (invisible to the
+//! `read_committed` readers, and compaction-proof). A fenced writer initialises anew, reads,
+//! and decides again (a few times); the expected-version check then answers the caller. A
+//! write returns once its transaction committed and this process's registry has read it.
+//!
+//! Where the time went before (issue 35): one fresh producer per write, so every write paid
+//! `init_transactions` (~55 ms) and, right after the previous commit, Kafka's "concurrent
+//! transactions" answer until that commit's markers were written (up to ~0.5 s); writes of one
+//! process were serialised end to end.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context as _;
-use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
+use rdkafka::producer::{DeliveryFuture, FutureProducer, FutureRecord, Producer};
+use tokio::sync::watch;
 
 use hookline_common::config::Config;
 use hookline_common::contract::delivery::now_ms;
@@ -29,7 +38,7 @@ use hookline_common::kafka::producer_config;
 use crate::endpoint::Endpoint;
 use crate::operational::OperationalEvent;
 use crate::registry::Registry;
-use crate::tail::ends_of;
+use crate::tail::{ends_of, Positions};
 
 const TXN_TIMEOUT: Duration = Duration::from_secs(10);
 /// Longest a write waits for the registry to read up to the topic's end, or its own record.
@@ -37,7 +46,7 @@ const READ_WAIT: Duration = Duration::from_secs(15);
 /// Tries of one write when it is fenced by a concurrent writer or Kafka errs.
 const TRIES: u32 = 5;
 
-/// What a write decided.
+/// What a write decided for one endpoint.
 pub(crate) enum Change {
     /// Nothing to write (the state already is what was asked).
     Nothing,
@@ -45,16 +54,53 @@ pub(crate) enum Change {
     Delete,
 }
 
-/// The writer of this process: its transactional id, behind the mutex that serialises writes.
+/// What a write decided: the records (in order) and the operational events.
+pub(crate) type Decision = (Vec<(String, Change)>, Vec<OperationalEvent>);
+
+/// The state a write decides on: the registry as read, plus this writer's own writes not read
+/// back yet.
+pub(crate) type View<'a> = &'a dyn Fn(&str) -> Option<&'a Endpoint>;
+
+/// The writer of this process, behind the registry's mutex.
 pub(crate) struct Writer {
     transactional_id: String,
+    /// Initialised, and the registry read to its end since (`None`: do that first).
+    producer: Option<Arc<FutureProducer>>,
+    /// Endpoints this producer wrote (or is writing) that the registry may not have read yet.
+    overlay: BTreeMap<String, Pending>,
+    /// The transaction writes are joining now.
+    open: Option<Txn>,
+}
+
+struct Pending {
+    value: Option<Endpoint>,
+    /// Where its record is, once committed (`None`: in the open transaction).
+    at: Option<(i32, i64)>,
+}
+
+struct Txn {
+    /// The endpoint records, in order.
+    records: Vec<(String, DeliveryFuture)>,
+    events: Vec<DeliveryFuture>,
+    /// A record could not be queued: the transaction is aborted.
+    failed: Option<String>,
+    done: watch::Sender<Option<Result<Positions, String>>>,
 }
 
 impl Writer {
     pub(crate) fn new(config: &Config) -> Writer {
         Writer {
             transactional_id: config.group_id("control.endpoints-writer"),
+            producer: None,
+            overlay: BTreeMap::new(),
+            open: None,
         }
+    }
+
+    /// Forgets the producer and what it wrote: the next write initialises and reads anew.
+    fn reset(&mut self) -> Option<Arc<FutureProducer>> {
+        self.overlay.clear();
+        self.producer.take()
     }
 }
 
@@ -68,6 +114,13 @@ async fn blocking<T: Send + 'static>(
         .with_context(|| what.to_string())
 }
 
+/// Drops a producer off the async threads (its destructor waits for librdkafka's threads).
+fn dispose(producer: Option<Arc<FutureProducer>>) {
+    if let Some(p) = producer {
+        tokio::task::spawn_blocking(move || drop(p));
+    }
+}
+
 impl Registry {
     /// Decides on the current state of endpoint `id` and writes the outcome; returns the
     /// endpoint after the write (`None`: deleted or absent). `decide` may run several times.
@@ -76,8 +129,25 @@ impl Registry {
         id: &str,
         mut decide: impl FnMut(Option<&Endpoint>, i64) -> Result<(Change, Option<OperationalEvent>), E>,
     ) -> Result<Option<Endpoint>, E> {
+        let ids = [id.to_string()];
+        let mut out = self
+            .write_many(&ids, |view, now| -> Result<Decision, E> {
+                let (change, event) = decide(view(id), now)?;
+                Ok((vec![(id.to_string(), change)], event.into_iter().collect()))
+            })
+            .await?;
+        Ok(out.pop().flatten())
+    }
+
+    /// Decides on the current state of the endpoints `ids` and writes every change in one
+    /// transaction (all or nothing); returns each endpoint after the write, in `ids` order.
+    /// `decide` may run several times.
+    pub(crate) async fn write_many<E: From<anyhow::Error> + From<crate::crypto::CryptoError>>(
+        &self,
+        ids: &[String],
+        mut decide: impl FnMut(View<'_>, i64) -> Result<Decision, E>,
+    ) -> Result<Vec<Option<Endpoint>>, E> {
         let inner = &self.inner;
-        let writer = inner.writer.lock().await;
         let mut last_error = None;
         for attempt in 0..TRIES {
             if attempt > 0 {
@@ -85,68 +155,254 @@ impl Registry {
                 let jitter = rand::random::<u64>() % (100 << attempt);
                 tokio::time::sleep(Duration::from_millis((50 << attempt) + jitter)).await;
             }
-            let producer = match fresh_producer(&inner.config, &writer.transactional_id).await {
-                Ok(p) => p,
+            let mut writer = inner.writer.lock().await;
+            if writer.producer.is_none() {
+                if let Err(e) = self.initialise(&mut writer).await {
+                    last_error = Some(e);
+                    continue;
+                }
+            }
+            let snapshot = inner.snapshot.borrow().clone();
+            // Own writes the registry has read are its to answer for now.
+            writer.overlay.retain(|_, p| match p.at {
+                None => true,
+                Some((partition, offset)) => snapshot
+                    .positions
+                    .get(&(inner.topic.clone(), partition))
+                    .is_none_or(|read| *read <= offset),
+            });
+            let now = now_ms();
+            let (changes, events) = {
+                let overlay = &writer.overlay;
+                let set = &snapshot.set;
+                let view = |id: &str| match overlay.get(id) {
+                    Some(p) => p.value.as_ref(),
+                    None => set.get(id),
+                };
+                decide(&view, now)?
+            };
+            if changes.iter().all(|(_, c)| matches!(c, Change::Nothing)) {
+                return Ok(ids
+                    .iter()
+                    .map(|id| match writer.overlay.get(id) {
+                        Some(p) => p.value.clone(),
+                        None => snapshot.set.get(id).cloned(),
+                    })
+                    .collect());
+            }
+            let mut records = Vec::with_capacity(changes.len());
+            for (id, change) in changes {
+                let value = match change {
+                    Change::Nothing => continue,
+                    Change::Put(e) => Some(*e),
+                    Change::Delete => None,
+                };
+                let bytes = match &value {
+                    Some(e) => Some(e.to_record(&inner.keyring)?.to_bytes()),
+                    None => None,
+                };
+                records.push((id, value, bytes));
+            }
+            let leader = match self.join(&mut writer, records, events).await {
+                Ok(leader) => leader,
                 Err(e) => {
                     last_error = Some(e);
                     continue;
                 }
             };
-            // Step 2: everything committed before our fence is read.
-            let read = async {
-                let ends = ends_of(&inner.config, &inner.topic).await?;
-                self.wait_for_positions(&ends, READ_WAIT).await
-            };
-            if let Err(e) = read.await {
-                last_error = Some(e.context("reading the registry to its end before a write"));
+            let Some(txn) = writer.open.as_ref() else {
                 continue;
-            }
-            let current = self.current();
-            let now = now_ms();
-            let (change, event) = decide(current.get(id), now)?;
-            let value = match &change {
-                Change::Nothing => return Ok(current.get(id).cloned()),
-                Change::Put(e) => Some(e.to_record(&inner.keyring)?.to_bytes()),
-                Change::Delete => None,
             };
-            let written = transact(&inner.config, &producer, &inner.topic, id, value, event).await;
-            if written.is_err() {
+            let mut done = txn.done.subscribe();
+            drop(writer);
+            if leader {
+                // Its own task: a caller that goes away must not leave the others waiting.
+                let r = self.clone();
+                tokio::spawn(async move { r.commit_open().await });
+            }
+            let outcome = tokio::time::timeout(TXN_TIMEOUT * 3, done.wait_for(Option::is_some))
+                .await
+                .map_err(|_| {
+                    anyhow::anyhow!(
+                        "the registry transaction did not end within {:?}",
+                        TXN_TIMEOUT * 3
+                    )
+                })
+                .and_then(|r| {
+                    r.map_err(|_| anyhow::anyhow!("the registry writer went away"))
+                        .map(|v| v.clone().unwrap_or_else(|| Err("no outcome".into())))
+                });
+            match outcome {
+                Ok(Ok(ends)) => {
+                    self.wait_for_positions(&ends, READ_WAIT)
+                        .await
+                        .context("reading back the write")?;
+                    return Ok(ids.iter().map(|id| self.get(id)).collect());
+                }
+                Ok(Err(e)) => {
+                    tracing::warn!(
+                        endpoints = ids.len(),
+                        first = ids.first().map(String::as_str).unwrap_or_default(),
+                        attempt,
+                        error = %e,
+                        "endpoint registry write not committed; retrying"
+                    );
+                    last_error = Some(anyhow::anyhow!(e));
+                }
+                Err(e) => last_error = Some(e),
+            }
+        }
+        let what = match ids {
+            [one] => format!("writing endpoint `{one}` to {}", inner.topic),
+            many => format!("writing {} endpoints to {}", many.len(), inner.topic),
+        };
+        Err(last_error
+            .unwrap_or_else(|| anyhow::anyhow!("no attempt made"))
+            .context(what)
+            .into())
+    }
+
+    /// Step 1: a fresh producer (fencing every writer before), then the registry read to the
+    /// topic's end as it is after that.
+    async fn initialise(&self, writer: &mut Writer) -> anyhow::Result<()> {
+        let inner = &self.inner;
+        dispose(writer.reset());
+        let producer = fresh_producer(&inner.config, &writer.transactional_id).await?;
+        let ends = ends_of(&inner.config, &inner.topic).await;
+        let read = match ends {
+            Ok(ends) => self.wait_for_positions(&ends, READ_WAIT).await,
+            Err(e) => Err(e),
+        };
+        if let Err(e) = read {
+            dispose(Some(producer));
+            return Err(e.context("reading the registry to its end before a write"));
+        }
+        writer.producer = Some(producer);
+        Ok(())
+    }
+
+    /// Queues the records and events in the open transaction (beginning one if none is open);
+    /// `Ok(true)`: this write began it, and has its commit started.
+    async fn join(
+        &self,
+        writer: &mut Writer,
+        records: Vec<(String, Option<Endpoint>, Option<Vec<u8>>)>,
+        events: Vec<OperationalEvent>,
+    ) -> anyhow::Result<bool> {
+        let inner = &self.inner;
+        let producer = writer.producer.clone().context("no producer")?;
+        let leader = writer.open.is_none();
+        if leader {
+            let p = producer.clone();
+            if let Err(e) = blocking("begin_transaction", move || p.begin_transaction()).await {
+                dispose(writer.reset());
+                return Err(e);
+            }
+            writer.open = Some(Txn {
+                records: Vec::new(),
+                events: Vec::new(),
+                failed: None,
+                done: watch::channel(None).0,
+            });
+        }
+        let op_topic = Topics::new(&inner.config.topics.prefix).operational();
+        let Writer { overlay, open, .. } = writer;
+        let txn = open.as_mut().context("no open transaction")?;
+        for (id, value, bytes) in records {
+            let mut record: FutureRecord<'_, str, [u8]> = FutureRecord::to(&inner.topic).key(&id);
+            if let Some(v) = &bytes {
+                record = record.payload(v);
+            }
+            match producer.send_result(record) {
+                Ok(f) => txn.records.push((id.clone(), f)),
+                Err((e, _)) => {
+                    txn.failed
+                        .get_or_insert_with(|| format!("queueing the endpoint record: {e}"));
+                }
+            }
+            overlay.insert(id, Pending { value, at: None });
+        }
+        for event in events {
+            let bytes = event.to_bytes();
+            let record = FutureRecord::<str, [u8]>::to(&op_topic)
+                .key(&event.endpoint_id)
+                .payload(&bytes);
+            match producer.send_result(record) {
+                Ok(f) => txn.events.push(f),
+                Err((e, _)) => {
+                    txn.failed
+                        .get_or_insert_with(|| format!("queueing the operational event: {e}"));
+                }
+            }
+        }
+        Ok(leader)
+    }
+
+    /// Commits the open transaction once the writes waiting now have joined it.
+    async fn commit_open(&self) {
+        // The mutex is fair: every write queued before this point joins first.
+        tokio::task::yield_now().await;
+        let mut writer = self.inner.writer.lock().await;
+        let Some(txn) = writer.open.take() else {
+            return;
+        };
+        let Some(producer) = writer.producer.clone() else {
+            let _ = txn.done.send(Some(Err("the writer was reset".into())));
+            return;
+        };
+        let committed = match txn.failed {
+            Some(e) => Err(anyhow::anyhow!(e)),
+            None => {
+                let p = producer.clone();
+                blocking("commit_transaction", move || {
+                    p.commit_transaction(TXN_TIMEOUT)
+                })
+                .await
+            }
+        };
+        let mut ends = Positions::new();
+        let committed_records = txn.records.len();
+        let mut outcome = committed.map(|()| ());
+        if outcome.is_ok() {
+            for (id, f) in txn.records {
+                match f.await {
+                    Ok(Ok(d)) => {
+                        if let Some(p) = writer.overlay.get_mut(&id) {
+                            p.at = Some((d.partition, d.offset));
+                        }
+                        let end = ends
+                            .entry((self.inner.topic.clone(), d.partition))
+                            .or_default();
+                        *end = (*end).max(d.offset + 1);
+                    }
+                    Ok(Err((e, _))) => {
+                        outcome = Err(anyhow::anyhow!(e).context("writing the endpoint record"));
+                    }
+                    Err(_) => {
+                        outcome = Err(anyhow::anyhow!("the endpoint record's delivery was lost"))
+                    }
+                }
+            }
+        }
+        match outcome {
+            Ok(()) => {
+                self.inner.metrics.transaction(Some(committed_records));
+                let _ = txn.done.send(Some(Ok(ends)));
+            }
+            Err(e) => {
+                self.inner.metrics.transaction(None);
                 // An open transaction would hold every reader's position until it timed out.
                 let p = producer.clone();
                 let _ = blocking("abort_transaction", move || {
                     p.abort_transaction(TXN_TIMEOUT)
                 })
                 .await;
-            }
-            // One producer per write: the next write initialises anew (fencing whoever wrote
-            // in between) instead of discovering on commit that it was fenced.
-            let _ = tokio::task::spawn_blocking(move || drop(producer)).await;
-            match written {
-                Ok(end) => {
-                    let mut wanted = crate::tail::Positions::new();
-                    wanted.insert((inner.topic.clone(), end.0), end.1 + 1);
-                    self.wait_for_positions(&wanted, READ_WAIT)
-                        .await
-                        .context("reading back the write")?;
-                    return Ok(self.get(id));
-                }
-                Err(e) => {
-                    tracing::warn!(
-                        endpoint = id,
-                        attempt,
-                        error = format!("{e:#}"),
-                        "endpoint registry write not committed; retrying"
-                    );
-                    // Not committed (aborted above, else by the next writer's initialisation);
-                    // the next try initialises anew.
-                    last_error = Some(e);
-                }
+                // Not committed (aborted above, else by the next writer's initialisation): the
+                // next write initialises anew and reads what the other writer committed.
+                dispose(writer.reset());
+                let _ = txn.done.send(Some(Err(format!("{e:#}"))));
             }
         }
-        Err(last_error
-            .unwrap_or_else(|| anyhow::anyhow!("no attempt made"))
-            .context(format!("writing endpoint `{id}` to {}", inner.topic))
-            .into())
     }
 }
 
@@ -173,47 +429,4 @@ async fn fresh_producer(
     })
     .await?;
     Ok(producer)
-}
-
-/// Writes the record (and the event) in one transaction; returns the record's (partition,
-/// offset).
-async fn transact(
-    config: &Config,
-    producer: &Arc<FutureProducer>,
-    topic: &str,
-    id: &str,
-    value: Option<Vec<u8>>,
-    event: Option<OperationalEvent>,
-) -> anyhow::Result<(i32, i64)> {
-    let p = producer.clone();
-    blocking("begin_transaction", move || p.begin_transaction()).await?;
-    let mut record: FutureRecord<'_, str, [u8]> = FutureRecord::to(topic).key(id);
-    if let Some(v) = &value {
-        record = record.payload(v);
-    }
-    let delivered = producer
-        .send(record, TXN_TIMEOUT)
-        .await
-        .map_err(|(e, _)| e)
-        .context("writing the endpoint record")?;
-    if let Some(event) = event {
-        let op_topic = Topics::new(&config.topics.prefix).operational();
-        let bytes = event.to_bytes();
-        producer
-            .send(
-                FutureRecord::<str, [u8]>::to(&op_topic)
-                    .key(&event.endpoint_id)
-                    .payload(&bytes),
-                TXN_TIMEOUT,
-            )
-            .await
-            .map_err(|(e, _)| e)
-            .context("writing the operational event")?;
-    }
-    let p = producer.clone();
-    blocking("commit_transaction", move || {
-        p.commit_transaction(TXN_TIMEOUT)
-    })
-    .await?;
-    Ok((delivered.partition, delivered.offset))
 }
