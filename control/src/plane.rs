@@ -139,35 +139,75 @@ fn deliverable(set: &EndpointSet, file: &[EndpointConfig], now: i64) -> Vec<Endp
         .collect()
 }
 
+/// The earliest moment after `now` a secret of one of `endpoints` stops signing.
+fn next_expiry<'a>(
+    endpoints: impl Iterator<Item = &'a crate::endpoint::Endpoint>,
+    now: i64,
+) -> Option<i64> {
+    endpoints
+        .flat_map(|e| e.secrets.iter().filter_map(|s| s.expires_at_ms))
+        .filter(|at| *at > now)
+        .min()
+}
+
+/// Keeps the delivery set following the registry: per changed endpoint on every change
+/// (O(changes), whatever the registry's size), in full when a secret stops signing and every
+/// [`REFRESH`].
 async fn feed(registry: Registry, file: Arc<Vec<EndpointConfig>>, updater: EndpointsUpdater) {
     let mut changes = registry.subscribe();
+    let file_ids: std::collections::HashSet<String> = file.iter().map(|f| f.id.clone()).collect();
+    let mut seen = changes.borrow_and_update().clone();
+    let mut expiry = next_expiry(seen.iter(), now_ms());
     loop {
-        // Rebuild when the registry changes, when a secret stops signing, or after REFRESH.
         let wake = {
-            let set = changes.borrow();
             let now = now_ms();
-            let next_expiry = set
-                .iter()
-                .flat_map(|e| e.secrets.iter().filter_map(|s| s.expires_at_ms))
-                .filter(|at| *at > now)
-                .min();
-            let refresh =
-                Duration::from_millis(next_expiry.map_or(u64::MAX, |at| (at - now) as u64 + 1));
+            let refresh = Duration::from_millis(
+                expiry.map_or(u64::MAX, |at| at.saturating_sub(now).max(0) as u64 + 1),
+            );
             refresh.min(REFRESH)
         };
-        tokio::select! {
+        let changed = tokio::select! {
             changed = changes.changed() => {
                 if changed.is_err() {
                     return; // the registry is gone
                 }
+                true
             }
-            _ = tokio::time::sleep(wake) => {}
-        }
+            _ = tokio::time::sleep(wake) => false,
+        };
         if updater.is_closed() {
             return;
         }
         let set = changes.borrow_and_update().clone();
-        updater.replace(&deliverable(&set, &file, now_ms()));
+        let now = now_ms();
+        if changed {
+            let mut upserts = Vec::new();
+            let mut removed = Vec::new();
+            for id in set.changed_since(&seen) {
+                if file_ids.contains(&id) {
+                    continue; // the process's own file decides
+                }
+                match set
+                    .get(&id)
+                    .filter(|e| e.managed_by != ManagedBy::File)
+                    .and_then(|e| e.config_at(now).map(|c| (c, e)))
+                {
+                    Some((c, e)) => {
+                        expiry = expiry
+                            .into_iter()
+                            .chain(next_expiry(std::iter::once(e), now))
+                            .min();
+                        upserts.push(c);
+                    }
+                    None => removed.push(id),
+                }
+            }
+            updater.apply(upserts, removed);
+        } else {
+            updater.replace(&deliverable(&set, &file, now));
+            expiry = next_expiry(set.iter(), now);
+        }
+        seen = set;
     }
 }
 

@@ -32,6 +32,8 @@ use crate::writer::Writer;
 pub const CATCH_UP_WAIT: Duration = Duration::from_secs(120);
 /// Records applied before the set is published even while more are coming (catching up).
 const PUBLISH_EVERY: usize = 256;
+/// How often at most `hookline_control_endpoints` is counted again while the set changes.
+const COUNT_EVERY: Duration = Duration::from_secs(1);
 
 /// What the tail has applied, published atomically: the set and the positions it reflects.
 #[derive(Debug, Clone, Default)]
@@ -197,6 +199,8 @@ async fn apply_loop(
     // only an old version holds (sealed with a retired key) is no problem. Problems are logged
     // once caught up, for the current versions only, then per record.
     let mut caught_up = covers(&positions.borrow(), &ends);
+    let mut counts_stale = false;
+    let mut counted_at = std::time::Instant::now() - COUNT_EVERY;
     loop {
         let msg = tail.next().await;
         if let Some(m) = &msg {
@@ -215,11 +219,17 @@ async fn apply_loop(
         let moved = now != tx.borrow().positions;
         if (msg.is_none() && (pending > 0 || moved)) || pending >= PUBLISH_EVERY {
             pending = 0;
-            metrics.set_endpoints(&set);
+            counts_stale = true;
             tx.send_replace(Snapshot {
                 set: Arc::new(set.clone()),
                 positions: now,
             });
+        }
+        // Counting by state walks every endpoint: at most once a second, not per change.
+        if counts_stale && counted_at.elapsed() >= COUNT_EVERY {
+            metrics.set_endpoints(&set);
+            counted_at = std::time::Instant::now();
+            counts_stale = false;
         }
         if let Some(p) = &probe {
             p.beat();

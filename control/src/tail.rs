@@ -24,6 +24,10 @@ use hookline_common::kafka::{base_config, retry_transient_known, EofQuietContext
 const TIMEOUT: Duration = Duration::from_secs(10);
 /// How often an idle tail refreshes its positions (they move past transaction markers).
 const IDLE_TICK: Duration = Duration::from_millis(10);
+/// How long a record's successor is waited for before [`Tail::next`] reports idle: what it
+/// adds to the moment a record is published (a write's read-back waits for it), small enough
+/// for that, long enough that a fetch's records come one after another without it.
+const AFTER_RECORD: Duration = Duration::from_millis(1);
 
 /// (topic, partition) → next offset to read.
 pub type Positions = BTreeMap<(String, i32), i64>;
@@ -60,6 +64,8 @@ impl Source {
 pub struct Tail {
     consumer: Arc<StreamConsumer<EofQuietContext>>,
     positions: watch::Sender<Positions>,
+    /// The last call returned a record.
+    busy: std::sync::atomic::AtomicBool,
 }
 
 impl Tail {
@@ -95,6 +101,7 @@ impl Tail {
             Tail {
                 consumer,
                 positions,
+                busy: std::sync::atomic::AtomicBool::new(false),
             },
             ends,
         ))
@@ -107,7 +114,14 @@ impl Tail {
 
     /// The next record; `None` after an idle tick (positions were refreshed meanwhile).
     pub async fn next(&self) -> Option<OwnedMessage> {
-        let got = tokio::time::timeout(IDLE_TICK, self.consumer.recv()).await;
+        use std::sync::atomic::Ordering::Relaxed;
+        let wait = if self.busy.load(Relaxed) {
+            AFTER_RECORD
+        } else {
+            IDLE_TICK
+        };
+        let got = tokio::time::timeout(wait, self.consumer.recv()).await;
+        self.busy.store(matches!(got, Ok(Ok(_))), Relaxed);
         let msg = match got {
             Ok(Ok(m)) => Some(m.detach()),
             Ok(Err(KafkaError::PartitionEOF(_))) | Err(_) => None,

@@ -367,7 +367,12 @@ fn attempt(event: &str, endpoint: &str, n: u32, stage: &str, ok: bool, at_ms: i6
 
 /// The CPU time of this process so far (user + system), from /proc.
 fn process_cpu() -> Duration {
-    let stat = std::fs::read_to_string("/proc/self/stat").expect("/proc/self/stat");
+    cpu_of("self")
+}
+
+/// CPU time (user + system) of process `pid` ("self": this one) so far.
+pub(crate) fn cpu_of(pid: &str) -> Duration {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("/proc/<pid>/stat");
     let after = stat.rsplit(')').next().expect("stat fields");
     let f: Vec<&str> = after.split_whitespace().collect();
     let ticks: u64 = f[11].parse::<u64>().expect("utime") + f[12].parse::<u64>().expect("stime");

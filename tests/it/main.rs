@@ -11,6 +11,7 @@ mod dedupe;
 mod demo;
 mod deploy;
 mod dispatcher;
+mod fleet;
 mod hardening;
 mod harness;
 mod ingest;

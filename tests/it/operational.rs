@@ -24,7 +24,7 @@ const OPS_SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
 const ACME_OPS_SECRET: &str = "whsec_C2FVsBQIhrscChlQIMV+b5sSYspob7oD";
 
 /// Until every process answers `/readyz` 200 (the relay's probe included).
-async fn all_ready(logs: &[&Path]) {
+pub(crate) async fn all_ready(logs: &[&Path]) {
     let http = reqwest::Client::new();
     for log in logs {
         let start = Instant::now();
@@ -50,7 +50,12 @@ async fn all_ready(logs: &[&Path]) {
     }
 }
 
-async fn call(api: &str, method: reqwest::Method, path: &str, body: Value) -> (u16, Value) {
+pub(crate) async fn call(
+    api: &str,
+    method: reqwest::Method,
+    path: &str,
+    body: Value,
+) -> (u16, Value) {
     let resp = reqwest::Client::new()
         .request(method, format!("http://{api}{path}"))
         .bearer_auth(ADMIN_TOKEN)
@@ -62,7 +67,7 @@ async fn call(api: &str, method: reqwest::Method, path: &str, body: Value) -> (u
     (status, resp.json().await.unwrap_or(Value::Null))
 }
 
-async fn ok(api: &str, method: reqwest::Method, path: &str, body: Value) -> Value {
+pub(crate) async fn ok(api: &str, method: reqwest::Method, path: &str, body: Value) -> Value {
     let (status, v) = call(api, method.clone(), path, body).await;
     assert!(
         (200..300).contains(&status),

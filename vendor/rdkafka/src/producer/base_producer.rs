@@ -523,7 +523,8 @@ where
                     if deadline.elapsed() {
                         return Err(KafkaError::Flush(to.into()));
                     }
-                    self.poll(deadline.remaining().min(Duration::from_millis(100)));
+                    // hookline patch 3 (PATCHED.md): 1 ms turns, not 100 ms.
+                    self.poll(deadline.remaining().min(Duration::from_millis(1)));
                 }
                 e => return Err(KafkaError::Flush(e.into())),
             };

