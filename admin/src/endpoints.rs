@@ -23,6 +23,7 @@ use hookline_common::config::{EndpointConfig, EndpointUrl, Secret};
 use hookline_common::contract::delivery::now_ms;
 use hookline_control::endpoint::{generate_secret, resolve_headers};
 use hookline_control::health::HealthReport;
+use hookline_control::set;
 use hookline_control::tracker::Health;
 use hookline_control::{Endpoint, EndpointUpdate, HeaderEdit, Registry, WriteError};
 
@@ -99,10 +100,28 @@ fn view(e: &Endpoint) -> Json<Value> {
     Json(e.to_json(now_ms()))
 }
 
+/// A page of endpoints, by id.
 #[derive(Debug, Serialize, ToSchema)]
 pub struct EndpointList {
     #[schema(value_type = Vec<Object>)]
     pub items: Vec<Value>,
+    /// Pass as `cursor` for the next page; absent on the last page.
+    pub next_cursor: Option<String>,
+}
+
+#[derive(Debug, Default, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct ListQuery {
+    /// Only this tenant's endpoints (a tenant token always sees only its own).
+    pub tenant: Option<String>,
+    /// `enabled`, `disabled` or `unusable` (a secret this process cannot open).
+    pub state: Option<String>,
+    /// Only endpoints whose URL starts with this (`https://hooks.acme.example/`).
+    pub url_prefix: Option<String>,
+    /// `next_cursor` of the previous page.
+    pub cursor: Option<String>,
+    /// Page size, 1..=1000 (default 100).
+    pub limit: Option<usize>,
 }
 
 /// An endpoint with the signing secret the call made (shown only in this answer).
@@ -116,22 +135,63 @@ pub struct WithSecret {
 
 #[utoipa::path(
     get, path = "/v1/endpoints", tag = "endpoints",
-    responses((status = 200, body = EndpointList), (status = 401)),
+    params(ListQuery),
+    responses(
+        (status = 200, body = EndpointList),
+        (status = 400, description = "a bad `limit`, `state` or `cursor` (named in `error.field`)"),
+        (status = 401),
+    ),
     security(("bearer" = []))
 )]
 pub async fn list(
     State(c): State<Control>,
     Extension(caller): Extension<Caller>,
-) -> Json<EndpointList> {
+    Query(q): Query<ListQuery>,
+) -> ApiResult<Json<EndpointList>> {
+    let query = list_query(q)?;
     let now = now_ms();
-    let items = c
-        .registry
-        .current()
-        .iter()
-        .filter(|e| caller.sees(e.tenant.as_deref()))
-        .map(|e| e.to_json(now))
-        .collect();
-    Json(EndpointList { items })
+    let set = c.registry.current();
+    let page = set.page(&query, |t| caller.sees(t));
+    Ok(Json(EndpointList {
+        items: page.items.iter().map(|e| e.to_json(now)).collect(),
+        next_cursor: page.next,
+    }))
+}
+
+/// The list query, checked: a bad field is a 400 naming it.
+fn list_query(q: ListQuery) -> ApiResult<set::Query> {
+    let limit = q.limit.unwrap_or(set::DEFAULT_PAGE);
+    if !(1..=set::MAX_PAGE).contains(&limit) {
+        return Err(ApiError::field(
+            "limit",
+            format!("must be 1..={}", set::MAX_PAGE),
+        ));
+    }
+    let non_empty = |v: Option<String>| v.filter(|s| !s.trim().is_empty());
+    let state = non_empty(q.state)
+        .map(|s| set::State::parse(&s))
+        .transpose()
+        .map_err(|e| ApiError::field("state", e))?;
+    let after = non_empty(q.cursor);
+    if let Some(c) = &after {
+        if c.len() > 64
+            || !c
+                .chars()
+                .all(|ch| ch.is_ascii_alphanumeric() || "._-".contains(ch))
+        {
+            return Err(ApiError::field(
+                "cursor",
+                "not a cursor of this list (pass next_cursor as it was returned)",
+            ));
+        }
+    }
+    Ok(set::Query {
+        tenant: non_empty(q.tenant),
+        state,
+        url_prefix: non_empty(q.url_prefix),
+        after,
+        limit,
+    })
 }
 
 #[derive(Debug, Deserialize, ToSchema)]

@@ -15,8 +15,9 @@ use hookline_control::health::{HealthReport, Seen};
 use hookline_control::{Endpoint, EndpointUpdate, HeaderEdit, WriteError};
 use hookline_dashboard::data::{Activity, Settings, SettingsChange};
 use hookline_dashboard::{
-    AttemptRow, Backend, Counters, DeadDetail, DeadFilter, DeadPage, DeadRow, EndpointRow, Health,
-    Problem, ReplayOutcome, Scope, TestSendOutcome,
+    AttemptRow, Backend, Counters, DeadDetail, DeadFilter, DeadPage, DeadRow, EndpointFilter,
+    EndpointPage, EndpointRow, Health, Problem, ReplayOutcome, Scope, TestSendOutcome,
+    ENDPOINTS_PER_PAGE,
 };
 use hookline_tools::dead::{self, DeadRecord};
 use hookline_tools::dead_page::{self, Cursor};
@@ -190,17 +191,14 @@ impl DashboardData {
         }
     }
 
-    /// The endpoints a scope sees, from the live registry (an endpoint of every tenant is an
-    /// admin's).
-    fn visible(&self, scope: &Scope) -> Vec<Endpoint> {
+    /// The endpoint `id` if the scope sees it, from the live registry (an endpoint of every
+    /// tenant is an admin's).
+    fn visible_one(&self, scope: &Scope, id: &str) -> Option<Endpoint> {
         let who = caller(scope);
         self.control
             .registry
-            .current()
-            .iter()
+            .get(id)
             .filter(|e| who.sees(e.tenant.as_deref()))
-            .cloned()
-            .collect()
     }
 
     /// An endpoint's attempts per minute over the last 24 h (the health tracker's counts).
@@ -231,10 +229,30 @@ impl Backend for DashboardData {
         })
     }
 
-    async fn endpoints(&self, scope: &Scope) -> Result<Vec<EndpointRow>, Problem> {
+    async fn endpoints(
+        &self,
+        scope: &Scope,
+        filter: &EndpointFilter,
+    ) -> Result<EndpointPage, Problem> {
+        let who = caller(scope);
+        let state = filter
+            .state
+            .as_deref()
+            .map(hookline_control::set::State::parse)
+            .transpose()
+            .map_err(Problem::BadInput)?;
+        let query = hookline_control::set::Query {
+            tenant: filter.tenant.clone(),
+            state,
+            url_prefix: filter.url_prefix.clone(),
+            after: filter.cursor.clone(),
+            limit: ENDPOINTS_PER_PAGE,
+        };
+        let set = self.control.registry.current();
+        let page = set.page(&query, |t| who.sees(t));
         let dead = self.open_dead(scope).await?;
-        Ok(self
-            .visible(scope)
+        let rows = page
+            .items
             .iter()
             .map(|e| {
                 let h = self.control.health.report(&e.id);
@@ -245,7 +263,11 @@ impl Backend for DashboardData {
                     self.activity(&e.id),
                 )
             })
-            .collect())
+            .collect();
+        Ok(EndpointPage {
+            rows,
+            next_cursor: page.next,
+        })
     }
 
     async fn endpoint(
@@ -253,7 +275,7 @@ impl Backend for DashboardData {
         scope: &Scope,
         id: &str,
     ) -> Result<(EndpointRow, Vec<AttemptRow>), Problem> {
-        let Some(e) = self.visible(scope).into_iter().find(|e| e.id == id) else {
+        let Some(e) = self.visible_one(scope, id) else {
             return Err(Problem::NotFound);
         };
         let dead = self.open_dead(scope).await?;
@@ -333,7 +355,7 @@ impl Backend for DashboardData {
     }
 
     async fn test_send(&self, scope: &Scope, id: &str) -> Result<TestSendOutcome, Problem> {
-        if !self.visible(scope).iter().any(|e| e.id == id) {
+        if self.visible_one(scope, id).is_none() {
             return Err(Problem::NotFound);
         }
         let t = self.replays.test_send(id).await.ok_or(Problem::NotFound)?;
@@ -362,7 +384,7 @@ impl Backend for DashboardData {
         id: &str,
         change: SettingsChange,
     ) -> Result<(), Problem> {
-        if !self.visible(scope).iter().any(|e| e.id == id) {
+        if self.visible_one(scope, id).is_none() {
             return Err(Problem::NotFound);
         }
         let update = EndpointUpdate {
@@ -440,9 +462,13 @@ impl Backend for DashboardData {
 
     async fn counters(&self, scope: &Scope) -> Result<Counters, Problem> {
         let dead = self.open_dead(scope).await?;
+        let who = caller(scope);
         let (delivered, failed) = self
-            .visible(scope)
+            .control
+            .registry
+            .current()
             .iter()
+            .filter(|e| who.sees(e.tenant.as_deref()))
             .map(|e| self.control.health.counts(&e.id, 5))
             .fold((0, 0), |(d, f), (d2, f2)| (d + d2, f + f2));
         Ok(Counters {

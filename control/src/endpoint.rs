@@ -3,7 +3,6 @@
 //! loader itself, so the file and the API can never accept different endpoints).
 
 use std::fmt;
-use std::sync::Arc;
 use std::time::Duration;
 
 use base64::Engine as _;
@@ -357,88 +356,7 @@ impl Endpoint {
     }
 }
 
-/// Every endpoint of the registry, by id: what a process delivers to.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct EndpointSet {
-    /// Persistent: a copy (every published snapshot) is O(1), a change O(log n).
-    endpoints: imbl::OrdMap<String, Arc<Endpoint>>,
-}
-
-impl EndpointSet {
-    pub fn get(&self, id: &str) -> Option<&Endpoint> {
-        self.endpoints.get(id).map(|e| e.as_ref())
-    }
-    /// Every endpoint, by id.
-    pub fn iter(&self) -> impl Iterator<Item = &Endpoint> {
-        self.endpoints.values().map(|e| e.as_ref())
-    }
-    /// The endpoints with an id after `after` (all: `None`), by id.
-    pub fn iter_after<'a>(&'a self, after: Option<&str>) -> impl Iterator<Item = &'a Endpoint> {
-        use std::ops::Bound;
-        let start = match after {
-            Some(a) => Bound::Excluded(a.to_string()),
-            None => Bound::Unbounded,
-        };
-        self.endpoints
-            .range((start, Bound::Unbounded))
-            .map(|(_, e)| e.as_ref())
-    }
-    pub fn len(&self) -> usize {
-        self.endpoints.len()
-    }
-    pub fn is_empty(&self) -> bool {
-        self.endpoints.is_empty()
-    }
-    /// Every endpoint as the delivery engine takes it, for requests at `t_ms` (see
-    /// [`Endpoint::config_at`]).
-    pub fn configs_at(&self, t_ms: i64) -> Vec<EndpointConfig> {
-        self.iter().filter_map(|e| e.config_at(t_ms)).collect()
-    }
-    /// The ids whose endpoint differs between `earlier` and this set (added, changed or gone),
-    /// by id: one walk of both, comparing pointers (an unchanged endpoint is shared).
-    pub fn changed_since(&self, earlier: &EndpointSet) -> Vec<String> {
-        let mut a = earlier.endpoints.iter().peekable();
-        let mut b = self.endpoints.iter().peekable();
-        let mut out = Vec::new();
-        loop {
-            match (a.peek(), b.peek()) {
-                (None, None) => break,
-                (Some((ka, _)), None) => {
-                    out.push((*ka).clone());
-                    a.next();
-                }
-                (None, Some((kb, _))) => {
-                    out.push((*kb).clone());
-                    b.next();
-                }
-                (Some((ka, va)), Some((kb, vb))) => match ka.cmp(kb) {
-                    std::cmp::Ordering::Less => {
-                        out.push((*ka).clone());
-                        a.next();
-                    }
-                    std::cmp::Ordering::Greater => {
-                        out.push((*kb).clone());
-                        b.next();
-                    }
-                    std::cmp::Ordering::Equal => {
-                        if !Arc::ptr_eq(va, vb) {
-                            out.push((*kb).clone());
-                        }
-                        a.next();
-                        b.next();
-                    }
-                },
-            }
-        }
-        out
-    }
-    pub(crate) fn insert(&mut self, e: Endpoint) {
-        self.endpoints.insert(e.id.clone(), Arc::new(e));
-    }
-    pub(crate) fn remove(&mut self, id: &str) {
-        self.endpoints.remove(id);
-    }
-}
+pub use crate::set::EndpointSet;
 
 /// A fresh Standard Webhooks secret: `whsec_` + base64 of 32 random bytes.
 pub fn generate_secret() -> String {

@@ -31,6 +31,7 @@ pub mod record;
 pub mod registry;
 pub mod relay;
 pub mod seed;
+pub mod set;
 pub mod table;
 pub mod tail;
 pub mod trace;

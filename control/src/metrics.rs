@@ -127,10 +127,10 @@ impl RegistryMetrics {
     pub(crate) fn set_endpoints(&self, set: &EndpointSet) {
         let (mut on, mut off, mut bad) = (0, 0, 0);
         for e in set.iter() {
-            match (e.problem.is_some(), e.enabled) {
-                (true, _) => bad += 1,
-                (false, true) => on += 1,
-                (false, false) => off += 1,
+            match crate::set::State::of(e) {
+                crate::set::State::Unusable => bad += 1,
+                crate::set::State::Enabled => on += 1,
+                crate::set::State::Disabled => off += 1,
             }
         }
         self.endpoints.with_label_values(&["enabled"]).set(on);

@@ -217,6 +217,48 @@ impl DeadFilter {
     }
 }
 
+/// Filters of the endpoint list, and where its page starts (every empty field: no filter).
+#[derive(Debug, Clone, Default, Deserialize, PartialEq, Eq)]
+pub struct EndpointFilter {
+    #[serde(default)]
+    pub tenant: Option<String>,
+    /// `enabled`, `disabled` or `unusable`.
+    #[serde(default)]
+    pub state: Option<String>,
+    #[serde(default)]
+    pub url_prefix: Option<String>,
+    /// The last endpoint id of the previous page.
+    #[serde(default)]
+    pub cursor: Option<String>,
+}
+
+impl EndpointFilter {
+    /// Empty strings (an untouched form field) mean "no filter".
+    pub fn normalized(mut self) -> EndpointFilter {
+        for f in [
+            &mut self.tenant,
+            &mut self.state,
+            &mut self.url_prefix,
+            &mut self.cursor,
+        ] {
+            if f.as_deref().is_some_and(|v| v.trim().is_empty()) {
+                *f = None;
+            }
+        }
+        self
+    }
+}
+
+/// Endpoints one dashboard page lists.
+pub const ENDPOINTS_PER_PAGE: usize = 50;
+
+/// A page of endpoints, by id.
+#[derive(Debug, Clone, Default)]
+pub struct EndpointPage {
+    pub rows: Vec<EndpointRow>,
+    pub next_cursor: Option<String>,
+}
+
 /// A page of dead letters.
 #[derive(Debug, Clone, Default)]
 pub struct DeadPage {
@@ -274,10 +316,12 @@ pub enum Problem {
 pub trait Backend: Send + Sync + 'static {
     /// The scope of a bearer token, or `None` if it is not a valid token.
     fn authenticate(&self, token: &str) -> Option<Scope>;
+    /// A page of the endpoints `filter` selects ([`ENDPOINTS_PER_PAGE`] at most).
     fn endpoints(
         &self,
         scope: &Scope,
-    ) -> impl Future<Output = Result<Vec<EndpointRow>, Problem>> + Send;
+        filter: &EndpointFilter,
+    ) -> impl Future<Output = Result<EndpointPage, Problem>> + Send;
     fn endpoint(
         &self,
         scope: &Scope,

@@ -28,8 +28,9 @@ use serde::Deserialize;
 use sha2::{Digest, Sha256};
 
 pub use data::{
-    AttemptRow, Backend, Counters, DeadDetail, DeadFilter, DeadPage, DeadRow, EndpointRow, Health,
-    Problem, ReplayOutcome, Scope, Settings, SettingsChange, TestSendOutcome,
+    AttemptRow, Backend, Counters, DeadDetail, DeadFilter, DeadPage, DeadRow, EndpointFilter,
+    EndpointPage, EndpointRow, Health, Problem, ReplayOutcome, Scope, Settings, SettingsChange,
+    TestSendOutcome, ENDPOINTS_PER_PAGE,
 };
 
 /// The session cookie: the token itself, readable by no script (`HttpOnly`) and sent by no other
@@ -249,9 +250,14 @@ async fn logout<B: Backend>(
         .into_response()
 }
 
-async fn endpoints_page<B: Backend>(State(b): State<Arc<B>>, s: Session) -> PageResult {
-    let rows = b.endpoints(&s.scope).await?;
-    Ok(page(&*b, &s, "Endpoints", views::endpoints(&rows)).await)
+async fn endpoints_page<B: Backend>(
+    State(b): State<Arc<B>>,
+    s: Session,
+    Query(filter): Query<EndpointFilter>,
+) -> PageResult {
+    let filter = filter.normalized();
+    let p = b.endpoints(&s.scope, &filter).await?;
+    Ok(page(&*b, &s, "Endpoints", views::endpoints(&p, &filter)).await)
 }
 
 async fn endpoint_page<B: Backend>(

@@ -4,8 +4,8 @@ use maud::{html, Markup, PreEscaped, DOCTYPE};
 
 use crate::data::Activity;
 use crate::data::{
-    AttemptRow, Counters, DeadDetail, DeadFilter, DeadPage, DeadRow, EndpointRow, ReplayOutcome,
-    Scope, TestSendOutcome,
+    AttemptRow, Counters, DeadDetail, DeadFilter, DeadPage, DeadRow, EndpointFilter, EndpointPage,
+    EndpointRow, ReplayOutcome, Scope, TestSendOutcome,
 };
 
 const CSS: &str = r#"
@@ -116,10 +116,23 @@ const DEAD_HELP: &str = "A delivery is dead when every attempt of the retry sche
 forever. Replay sends it once more, now, with the endpoint's current URL and secret; if that \
 attempt fails too, it becomes a new dead delivery. Replaying the same dead delivery twice sends it once.";
 
-pub fn endpoints(rows: &[EndpointRow]) -> Markup {
+pub fn endpoints(page: &EndpointPage, filter: &EndpointFilter) -> Markup {
+    let rows = &page.rows;
     let with_dead: Vec<&EndpointRow> = rows.iter().filter(|r| r.dead > 0).collect();
+    let f = |v: &Option<String>| v.clone().unwrap_or_default();
+    let state = f(&filter.state);
     html! {
         h1 { "Endpoints" }
+        form #endpoint-filter method="get" action="/" {
+            "tenant " input name="tenant" value=(f(&filter.tenant)) size="12";
+            " state " select name="state" {
+                @for (v, label) in [("", "any"), ("enabled", "enabled"), ("disabled", "disabled"), ("unusable", "unusable")] {
+                    @if v == state { option value=(v) selected { (label) } } @else { option value=(v) { (label) } }
+                }
+            }
+            " URL starts with " input name="url_prefix" value=(f(&filter.url_prefix)) size="28" placeholder="https://";
+            " " input type="submit" value="Filter";
+        }
         @for r in &with_dead {
             div.warn data-endpoint=(r.id) {
                 "⚠ Endpoint " b { (r.id) } " has " b { (r.dead) } " dead "
@@ -160,6 +173,9 @@ pub fn endpoints(rows: &[EndpointRow]) -> Markup {
                 }
             }
         }
+        @if let Some(c) = &page.next_cursor {
+            p { a #next href=(endpoints_next_link(filter, c)) { "Next page →" } }
+        }
     }
 }
 
@@ -174,6 +190,20 @@ fn rate(h: &crate::data::Health) -> Markup {
         }
         None => html! { span.muted { "no attempts" } },
     }
+}
+
+fn endpoints_next_link(filter: &EndpointFilter, cursor: &str) -> String {
+    let mut q = vec![format!("cursor={}", urlencode(cursor))];
+    for (k, v) in [
+        ("tenant", &filter.tenant),
+        ("state", &filter.state),
+        ("url_prefix", &filter.url_prefix),
+    ] {
+        if let Some(v) = v {
+            q.push(format!("{k}={}", urlencode(v)));
+        }
+    }
+    format!("/?{}", q.join("&"))
 }
 
 pub fn endpoint(row: &EndpointRow, attempts: &[AttemptRow], csrf: &str) -> Markup {
@@ -214,6 +244,9 @@ pub fn endpoint(row: &EndpointRow, attempts: &[AttemptRow], csrf: &str) -> Marku
             span.ok { "■" } " delivered " span.bad { "■" } " failed " span.thr { "▬" } " throttled" }
         (chart(&row.activity, 24 * 60, 1, 720.0, 120.0, "activity", &row.id))
         div.muted style="width:720px;display:flex;justify-content:space-between" { span { "24 h ago" } span { "now" } }
+        h2 { "Attempts per minute, last hour" }
+        (chart(&row.activity, 60, 1, 720.0, 120.0, "activity-hour", &row.id))
+        div.muted style="width:720px;display:flex;justify-content:space-between" { span { "1 h ago" } span { "30 min" } span { "now" } }
         h2 { "Recent attempts" }
         (attempt_table(attempts, "attempts"))
         h2 { "Delivery settings" }

@@ -356,7 +356,10 @@ mod tests {
         assert_eq!(ids(Some("acme")), ["a", "b", "c"]);
         // b moves to globex and keeps its place; a goes; d is new, last.
         updater.apply(
-            [ep("b", Some("globex"), &[], true), ep("d", Some("acme"), &[], true)],
+            [
+                ep("b", Some("globex"), &[], true),
+                ep("d", Some("acme"), &[], true),
+            ],
             ["a".to_string()],
         );
         assert_eq!(ids(Some("acme")), ["c", "d"]);
