@@ -18,11 +18,10 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use utoipa::{IntoParams, ToSchema};
 
-use hookline_common::config::filter::EventFilter;
-use hookline_common::config::{EndpointConfig, EndpointUrl, Secret};
 use hookline_common::contract::delivery::now_ms;
-use hookline_control::endpoint::{generate_secret, resolve_headers};
+use hookline_control::endpoint::{generate_secret, FieldError};
 use hookline_control::health::HealthReport;
+use hookline_control::import::{Definition, Outcome, MAX_BATCH};
 use hookline_control::set;
 use hookline_control::tracker::Health;
 use hookline_control::{Endpoint, EndpointUpdate, HeaderEdit, Registry, WriteError};
@@ -194,80 +193,14 @@ fn list_query(q: ListQuery) -> ApiResult<set::Query> {
     })
 }
 
-#[derive(Debug, Deserialize, ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct CreateEndpoint {
-    /// 1–64 of `[A-Za-z0-9._-]`.
-    pub id: String,
-    /// `https://…` (plain `http` only for ranges in `http.allow_cidrs`).
-    pub url: String,
-    /// Only this tenant's events (a tenant token: its own, the default); absent: every tenant.
-    pub tenant: Option<String>,
-    /// Event-type globs; empty: every type.
-    #[serde(default)]
-    pub event_types: Vec<String>,
-    #[serde(default = "yes")]
-    pub enabled: bool,
-    /// Per-attempt timeout, e.g. `5s` (default `http.timeout`).
-    pub timeout: Option<String>,
-    pub max_concurrency: Option<usize>,
-    /// A `whsec_…` secret; absent: one is generated and returned once.
-    pub secret: Option<String>,
-    /// Headers sent with every request (not covered by the signature).
-    #[serde(default)]
-    pub headers: Vec<HeaderInput>,
-    /// A CEL expression over the event (`id`, `type`, `tenant`, `data`): only events it holds
-    /// for are delivered, e.g. `data.amount > 100 && data.region.startsWith('eu-')`. At most
-    /// 4 KiB; a bad one is a 400 naming `filter` and the position.
-    pub filter: Option<String>,
-    /// At most this many deliveries per second to the endpoint, for the whole cluster
-    /// (0.01–100000); deliveries over it wait, in arrival order, without using an attempt.
-    pub rate_limit: Option<f64>,
-    /// Deliveries that may go out at once after an idle spell (default 1); needs `rate_limit`.
-    pub burst: Option<u32>,
-    /// Send `traceparent` (the attempt's span) on requests to this endpoint while tracing is
-    /// on (default true); `false` keeps hookline's trace ids from this receiver.
-    #[serde(default = "yes")]
-    pub trace_context: bool,
-}
-
-/// A custom header. Refused (400 naming `headers[i].name` / `.value` / `headers`): names
-/// `webhook-*`, `content-*`, `host`, hop-by-hop headers, a name given twice, CR/LF in a value,
-/// more than 8 KiB in all.
-#[derive(Clone, Deserialize, ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct HeaderInput {
-    pub name: String,
-    /// Required on create. On update, absent keeps the endpoint's current value of this
-    /// header (how a secret value, never shown again, is kept).
-    pub value: Option<String>,
-    /// Seal the value at rest and never show it again.
-    #[serde(default)]
-    pub secret: bool,
-}
-
-impl std::fmt::Debug for HeaderInput {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        HeaderEdit::from(self.clone()).fmt(f)
-    }
-}
-
-impl From<HeaderInput> for HeaderEdit {
-    fn from(h: HeaderInput) -> Self {
-        HeaderEdit {
-            name: h.name,
-            value: h.value,
-            secret: h.secret,
-        }
-    }
-}
+pub use hookline_control::import::{EndpointInput as CreateEndpoint, HeaderInput};
 
 fn header_edits(headers: Vec<HeaderInput>) -> Vec<HeaderEdit> {
     headers.into_iter().map(HeaderEdit::from).collect()
 }
 
-const fn yes() -> bool {
-    true
+fn invalid(e: FieldError) -> ApiError {
+    ApiError::field(&e.field, e.reason)
 }
 
 #[utoipa::path(
@@ -287,44 +220,9 @@ pub async fn create(
     Extension(caller): Extension<Caller>,
     req: Result<Json<CreateEndpoint>, JsonRejection>,
 ) -> ApiResult<(StatusCode, Json<WithSecret>)> {
-    let req = body(req)?;
-    let tenant = tenant_for(&caller, req.tenant)?;
-    let timeout = req
-        .timeout
-        .as_deref()
-        .map(|t| duration("timeout", t))
-        .transpose()?;
-    let generated = req.secret.is_none().then(generate_secret);
-    let secret = req.secret.or_else(|| generated.clone());
-    let url = EndpointUrl::parse(&req.url).map_err(|e| ApiError::field("url", e))?;
-    let secrets = secret
-        .iter()
-        .map(|s| Secret::parse(s))
-        .collect::<Result<Vec<_>, String>>()
-        .map_err(|e| ApiError::field("secret", e))?;
-    let headers = resolve_headers(&header_edits(req.headers), &[])
-        .map_err(|e| ApiError::field(&e.field, e.reason))?;
-    let filter = req
-        .filter
-        .as_deref()
-        .map(EventFilter::compile)
-        .transpose()
-        .map_err(|e| ApiError::field("filter", e))?;
-    let def = EndpointConfig {
-        id: req.id,
-        url,
-        secrets,
-        tenant,
-        event_types: req.event_types,
-        enabled: req.enabled,
-        timeout,
-        max_concurrency: req.max_concurrency,
-        headers,
-        filter,
-        rate_limit: req.rate_limit,
-        burst: req.burst,
-        trace_context: req.trace_context,
-    };
+    let mut req = body(req)?;
+    req.tenant = tenant_for(&caller, req.tenant.take())?;
+    let Definition { def, generated } = req.definition().map_err(invalid)?;
     let e = c.registry.create(def).await.map_err(write_error)?;
     tracing::info!(caller = %caller.name, endpoint = %e.id, "endpoint created through the admin api");
     Ok((
@@ -334,6 +232,90 @@ pub async fn create(
             secret: generated,
         }),
     ))
+}
+
+/// `POST /v1/endpoints:batch`: endpoints in the create shape, all written or none.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Batch {
+    /// 1..=1000 endpoints, each as `POST /v1/endpoints` takes it.
+    pub items: Vec<CreateEndpoint>,
+}
+
+/// One endpoint of a batch, after it.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct BatchItem {
+    pub id: String,
+    /// `created`, `updated` or `unchanged` (already as asked: nothing written).
+    pub outcome: String,
+    #[schema(value_type = Object)]
+    pub endpoint: Value,
+    /// The secret generated for a new endpoint without one (shown only in this answer).
+    pub secret: Option<String>,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct BatchResult {
+    pub items: Vec<BatchItem>,
+}
+
+#[utoipa::path(
+    post, path = "/v1/endpoints:batch", tag = "endpoints",
+    request_body = Batch,
+    responses(
+        (status = 200, body = BatchResult, description = "every item created, updated or unchanged, in one transaction"),
+        (status = 400, description = "a bad item, named as `items[i].field`; nothing written"),
+        (status = 401),
+        (status = 403, description = "a tenant token writing for another tenant"),
+        (status = 409, description = "an item is file-managed; nothing written"),
+        (status = 503),
+    ),
+    security(("bearer" = []))
+)]
+pub async fn batch(
+    State(c): State<Control>,
+    Extension(caller): Extension<Caller>,
+    req: Result<Json<Batch>, JsonRejection>,
+) -> ApiResult<Json<BatchResult>> {
+    let req = body(req)?;
+    if req.items.is_empty() || req.items.len() > MAX_BATCH {
+        return Err(ApiError::field(
+            "items",
+            format!("must hold 1..={MAX_BATCH} endpoints (an import of more: `hookline endpoints import`)"),
+        ));
+    }
+    let mut defs = Vec::with_capacity(req.items.len());
+    for (i, mut item) in req.items.into_iter().enumerate() {
+        item.tenant = tenant_for(&caller, item.tenant.take())?;
+        let d = item
+            .definition()
+            .map_err(|e| ApiError::field(&format!("items[{i}].{}", e.field), e.reason))?;
+        defs.push(d);
+    }
+    let done = c.registry.import(defs).await.map_err(|e| match e {
+        WriteError::Invalid(f) => ApiError::field(&format!("items.{}", f.field), f.reason),
+        e => write_error(e),
+    })?;
+    let now = now_ms();
+    let counts = |o: Outcome| done.iter().filter(|d| d.outcome == o).count();
+    tracing::info!(
+        caller = %caller.name,
+        created = counts(Outcome::Created),
+        updated = counts(Outcome::Updated),
+        unchanged = counts(Outcome::Unchanged),
+        "endpoint batch written through the admin api"
+    );
+    Ok(Json(BatchResult {
+        items: done
+            .into_iter()
+            .map(|d| BatchItem {
+                id: d.endpoint.id.clone(),
+                outcome: d.outcome.as_str().to_string(),
+                endpoint: d.endpoint.to_json(now),
+                secret: d.secret,
+            })
+            .collect(),
+    }))
 }
 
 #[utoipa::path(

@@ -93,6 +93,7 @@ pub fn api(app: &App) -> (Router, utoipa::openapi::OpenApi) {
         .with_state(app.config.clone());
     let endpoints = OpenApiRouter::new()
         .routes(routes!(endpoints::list, endpoints::create))
+        .routes(routes!(endpoints::batch))
         .routes(routes!(
             endpoints::show,
             endpoints::update,

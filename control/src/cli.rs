@@ -4,6 +4,7 @@
 //! (`--format json`): one JSON object per line. Secret values are printed only when they are
 //! new (`add` without `--secret`, `rotate-secret`), once, for the receiver's configuration.
 
+use anyhow::Context as _;
 use std::io::Write;
 use std::sync::Arc;
 use std::time::Duration;
@@ -240,6 +241,25 @@ pub enum EndpointsCommand {
     },
     /// Re-seal every secret still sealed with an old key (after changing HOOKLINE_SECRETS_KEY).
     Reencrypt,
+    /// Put every endpoint of a JSON-lines file (the `POST /v1/endpoints` shape, one per line)
+    /// in one transaction: new ids created, changed ones updated, the rest left alone; a bad
+    /// line names its number and field and nothing is written. Re-running it changes nothing.
+    Import {
+        /// The file (`-`: standard input).
+        file: std::path::PathBuf,
+        #[command(flatten)]
+        output: OutputArgs,
+    },
+    /// Print every endpoint as a JSON line in the shape `import` takes.
+    Export {
+        /// Only this tenant's.
+        #[arg(long)]
+        tenant: Option<String>,
+        /// Include each endpoint's newest signing secret and its secret header values (in
+        /// clear: keep the output as you keep the secrets key).
+        #[arg(long)]
+        with_secrets: bool,
+    },
     /// Send a signed `hookline.test` event to an endpoint once and print the outcome (exit code
     /// 4 when it was not delivered). Sent whether or not the endpoint is enabled; never retried.
     Test {
@@ -426,10 +446,76 @@ pub async fn run(
                 done.join(", ")
             )?;
         }
+        EndpointsCommand::Import { file, output } => {
+            let text = if file.as_os_str() == "-" {
+                std::io::read_to_string(std::io::stdin()).context("reading standard input")?
+            } else {
+                std::fs::read_to_string(&file)
+                    .with_context(|| format!("reading {}", file.display()))?
+            };
+            let defs = crate::import::parse_lines(&text)
+                .map_err(|e| anyhow::anyhow!("{}: {e}; nothing imported", file.display()))?;
+            let done = registry.import(defs).await?;
+            print_imported(out, &done, output.json())?;
+        }
+        EndpointsCommand::Export {
+            tenant,
+            with_secrets,
+        } => {
+            for e in registry
+                .current()
+                .iter()
+                .filter(|e| tenant.is_none() || e.tenant == tenant)
+                .filter(|e| e.managed_by != crate::record::ManagedBy::File)
+            {
+                let line =
+                    serde_json::to_string(&crate::import::EndpointInput::of(e, with_secrets))?;
+                writeln!(out, "{line}")?;
+            }
+        }
         EndpointsCommand::Health { .. } | EndpointsCommand::Test { .. } => {
             unreachable!("handled above")
         }
     }
+    Ok(())
+}
+
+fn print_imported(
+    out: &mut dyn Write,
+    done: &[crate::import::Imported],
+    json: bool,
+) -> anyhow::Result<()> {
+    use crate::import::Outcome;
+    if json {
+        for d in done {
+            let line = serde_json::json!({
+                "id": d.endpoint.id,
+                "outcome": d.outcome.as_str(),
+                "version": d.endpoint.version,
+                "secret": d.secret,
+            });
+            writeln!(out, "{line}")?;
+        }
+        return Ok(());
+    }
+    for d in done.iter().filter(|d| d.secret.is_some()) {
+        // Shown once, as `endpoints add` shows a generated secret.
+        writeln!(
+            out,
+            "secret {} {}",
+            d.endpoint.id,
+            d.secret.as_deref().unwrap_or_default()
+        )?;
+    }
+    let count = |o: Outcome| done.iter().filter(|d| d.outcome == o).count();
+    writeln!(
+        out,
+        "imported {} endpoint(s): {} created, {} updated, {} unchanged",
+        done.len(),
+        count(Outcome::Created),
+        count(Outcome::Updated),
+        count(Outcome::Unchanged)
+    )?;
     Ok(())
 }
 

@@ -23,6 +23,7 @@ pub mod cli;
 pub mod crypto;
 pub mod endpoint;
 pub mod health;
+pub mod import;
 pub mod metrics;
 pub mod operational;
 pub mod ops;

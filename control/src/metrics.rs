@@ -26,6 +26,7 @@ pub const WRITE_OPS: &[&str] = &[
     "rotate_secret",
     "reencrypt",
     "auto_disable",
+    "import",
 ];
 const WRITE_RESULTS: &[&str] = &[
     "ok",

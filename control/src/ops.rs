@@ -133,7 +133,7 @@ fn bumped(mut e: Endpoint, now: i64) -> Endpoint {
 
 /// The `<p>.operational` event of a change by a person or a tool (`kind` from
 /// [`crate::operational`]), for `e` as it is after the change.
-fn change_event(
+pub(crate) fn change_event(
     config: &hookline_common::config::Config,
     kind: &str,
     e: &Endpoint,
@@ -472,7 +472,7 @@ impl Registry {
         Ok(wrote)
     }
 
-    fn require_key(&self, def: &EndpointConfig) -> Result<(), WriteError> {
+    pub(crate) fn require_key(&self, def: &EndpointConfig) -> Result<(), WriteError> {
         let sealed = !def.secrets.is_empty() || def.headers.iter().any(|h| h.secret);
         if sealed && self.keyring().current_id().is_none() {
             return Err(CryptoError::NoKey.into());
@@ -480,7 +480,11 @@ impl Registry {
         Ok(())
     }
 
-    fn count<T>(&self, op: &'static str, result: Result<T, WriteError>) -> Result<T, WriteError> {
+    pub(crate) fn count<T>(
+        &self,
+        op: &'static str,
+        result: Result<T, WriteError>,
+    ) -> Result<T, WriteError> {
         let outcome = match &result {
             Ok(_) => "ok",
             Err(WriteError::Conflict { .. } | WriteError::AlreadyExists { .. }) => "conflict",

@@ -435,6 +435,8 @@ async fn fresh_producer(
         .set("transactional.id", transactional_id)
         .set("transaction.timeout.ms", "30000")
         .set("linger.ms", "0")
+        // An import is one transaction: a record and an event per endpoint, queued at once.
+        .set("queue.buffering.max.messages", "2000000")
         // Initialising right after another writer's commit is answered "concurrent
         // transactions" until its markers are written: retry soon rather than after 500 ms.
         .set("retry.backoff.ms", "10")
