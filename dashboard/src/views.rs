@@ -529,9 +529,21 @@ mod tests {
             dead: 2,
             ..EndpointRow::default()
         };
-        let html = endpoints(&[row]).into_string();
+        let page = EndpointPage {
+            rows: vec![row],
+            next_cursor: Some("<b>next".into()),
+        };
+        let filter = EndpointFilter {
+            url_prefix: Some("\"><i>".into()),
+            ..EndpointFilter::default()
+        };
+        let html = endpoints(&page, &filter).into_string();
         assert!(!html.contains("<script>x"), "{html}");
         assert!(!html.contains("\"><img>"), "{html}");
+        assert!(
+            !html.contains("\"><i>") && !html.contains("<b>next"),
+            "{html}"
+        );
         assert!(html.contains("&lt;script&gt;"));
         assert!(html.contains("2</b> dead deliveries"), "{html}");
     }
