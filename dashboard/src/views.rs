@@ -193,17 +193,15 @@ fn rate(h: &crate::data::Health) -> Markup {
 }
 
 fn endpoints_next_link(filter: &EndpointFilter, cursor: &str) -> String {
-    let mut q = vec![format!("cursor={}", urlencode(cursor))];
-    for (k, v) in [
-        ("tenant", &filter.tenant),
-        ("state", &filter.state),
-        ("url_prefix", &filter.url_prefix),
-    ] {
-        if let Some(v) = v {
-            q.push(format!("{k}={}", urlencode(v)));
-        }
-    }
-    format!("/?{}", q.join("&"))
+    page_link(
+        "/",
+        cursor,
+        &[
+            ("tenant", &filter.tenant),
+            ("state", &filter.state),
+            ("url_prefix", &filter.url_prefix),
+        ],
+    )
 }
 
 pub fn endpoint(row: &EndpointRow, attempts: &[AttemptRow], csrf: &str) -> Markup {
@@ -433,17 +431,26 @@ fn dead_row(r: &DeadRow) -> Markup {
 }
 
 fn next_link(filter: &DeadFilter, cursor: &str) -> String {
+    page_link(
+        "/ui/dead",
+        cursor,
+        &[
+            ("endpoint", &filter.endpoint),
+            ("type", &filter.event_type),
+            ("tenant", &filter.tenant),
+        ],
+    )
+}
+
+/// `path` with the next page's `cursor` and the filters that are set, URL-encoded.
+fn page_link(path: &str, cursor: &str, filters: &[(&str, &Option<String>)]) -> String {
     let mut q = vec![format!("cursor={}", urlencode(cursor))];
-    for (k, v) in [
-        ("endpoint", &filter.endpoint),
-        ("type", &filter.event_type),
-        ("tenant", &filter.tenant),
-    ] {
+    for (k, v) in filters {
         if let Some(v) = v {
             q.push(format!("{k}={}", urlencode(v)));
         }
     }
-    format!("/ui/dead?{}", q.join("&"))
+    format!("{path}?{}", q.join("&"))
 }
 
 pub fn dead_one(d: &DeadDetail, csrf: &str) -> Markup {

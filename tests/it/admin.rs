@@ -190,6 +190,7 @@ async fn every_route_needs_a_token_and_a_tenant_token_sees_only_its_tenant() {
         ("GET", "/v1/events/{id}/attempts"),
         ("GET", "/v1/endpoints"),
         ("POST", "/v1/endpoints"),
+        ("POST", "/v1/endpoints:batch"),
         ("GET", "/v1/endpoints/{id}"),
         ("PATCH", "/v1/endpoints/{id}"),
         ("DELETE", "/v1/endpoints/{id}"),

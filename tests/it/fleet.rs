@@ -61,17 +61,23 @@ pub(crate) async fn control_stack(
     (procs, api)
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn thousands_of_endpoints_are_created_fast_paged_and_live_at_once() {
-    require_kafka();
-    let prefix = unique_prefix("fleet");
+/// A test's directory, its config (the admin's tokens, `extra` appended) written there, and its
+/// topics.
+async fn setup(
+    name: &str,
+    extra: &str,
+) -> (
+    std::path::PathBuf,
+    std::path::PathBuf,
+    hookline_common::config::Config,
+) {
+    let prefix = unique_prefix(name);
     let dir = std::env::temp_dir().join(&prefix);
     std::fs::create_dir_all(&dir).expect("dir");
-    let rx = Receiver::start().await;
     let text = format!(
         "[kafka]\nbootstrap_servers = \"{}\"\n[topics]\nprefix = \"{prefix}\"\npartitions = 3\n\
          [server]\nlisten = \"127.0.0.1:0\"\n[http]\nallow_cidrs = [\"127.0.0.0/8\"]\n\
-         [log]\nlevel = \"info\"\nformat = \"json\"\n{}",
+         [log]\nlevel = \"info\"\nformat = \"json\"\n{}{extra}",
         bootstrap(),
         admin_section(),
     );
@@ -80,6 +86,14 @@ async fn thousands_of_endpoints_are_created_fast_paged_and_live_at_once() {
     let config = hookline_common::config::Config::from_toml_with_env(&text, "test", Vec::new())
         .expect("config");
     apply_topics(&config).await;
+    (dir, config_path, config)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn thousands_of_endpoints_are_created_fast_paged_and_live_at_once() {
+    require_kafka();
+    let rx = Receiver::start().await;
+    let (dir, config_path, config) = setup("fleet", "").await;
     let (procs, api) = control_stack(&dir, &config_path).await;
 
     // The writer's first write initialises its producer and reads the registry (once per
@@ -390,24 +404,12 @@ fn outcomes(v: &Value) -> Vec<(String, String)> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn batches_and_imports_are_all_or_nothing_and_idempotent() {
     require_kafka();
-    let prefix = unique_prefix("fleet-import");
-    let dir = std::env::temp_dir().join(&prefix);
-    std::fs::create_dir_all(&dir).expect("dir");
     let rx = Receiver::start().await;
-    let text = format!(
-        "[kafka]\nbootstrap_servers = \"{}\"\n[topics]\nprefix = \"{prefix}\"\npartitions = 3\n\
-         [server]\nlisten = \"127.0.0.1:0\"\n[http]\nallow_cidrs = [\"127.0.0.0/8\"]\n\
-         [log]\nlevel = \"info\"\nformat = \"json\"\n{}\
-         [[endpoints]]\nid = \"from-file\"\nurl = \"{}\"\n",
-        bootstrap(),
-        admin_section(),
-        rx.url("from-file"),
+    let file = format!(
+        "[[endpoints]]\nid = \"from-file\"\nurl = \"{}\"\n",
+        rx.url("from-file")
     );
-    let config_path = dir.join("hookline.toml");
-    std::fs::write(&config_path, &text).expect("config");
-    let config = hookline_common::config::Config::from_toml_with_env(&text, "test", Vec::new())
-        .expect("config");
-    apply_topics(&config).await;
+    let (dir, config_path, _) = setup("fleet-import", &file).await;
     let (_procs, api) = control_stack(&dir, &config_path).await;
 
     // POST /v1/endpoints:batch: created, then unchanged on a re-send, then one updated.
