@@ -25,6 +25,58 @@ fn percentile(sorted: &[Duration], p: f64) -> Duration {
     sorted[i.min(sorted.len() - 1)]
 }
 
+/// `CLIENTS` clients calling `call(n)` for their share of `0..CLIENTS * PER_CLIENT` in a loop,
+/// each answer `status`; prints the rate and the latency (never asserted).
+async fn timed(
+    api: &str,
+    what: &str,
+    status: u16,
+    call: impl Fn(usize) -> (reqwest::Method, String, Value) + Send + Sync + 'static,
+) {
+    let call = Arc::new(call);
+    let started = Instant::now();
+    let mut tasks = Vec::new();
+    for c in 0..CLIENTS {
+        let api = api.to_string();
+        let call = call.clone();
+        tasks.push(tokio::spawn(async move {
+            let http = reqwest::Client::new();
+            let mut took = Vec::with_capacity(PER_CLIENT);
+            for i in 0..PER_CLIENT {
+                let (method, path, body) = call(c * PER_CLIENT + i);
+                let mut req = http
+                    .request(method, format!("http://{api}{path}"))
+                    .bearer_auth(ADMIN_TOKEN);
+                if !body.is_null() {
+                    req = req.json(&body);
+                }
+                let t = Instant::now();
+                let resp = req.send().await.expect("sent");
+                took.push(t.elapsed());
+                let got = resp.status().as_u16();
+                assert_eq!(got, status, "{path}: {:?}", resp.text().await);
+            }
+            took
+        }));
+    }
+    let mut took = Vec::new();
+    for t in tasks {
+        took.extend(t.await.expect("client"));
+    }
+    let elapsed = started.elapsed();
+    took.sort();
+    let n = took.len();
+    println!(
+        "{what}: {n} from {CLIENTS} clients in {:.2} s = {:.0}/s; latency p50 {:.1} ms, \
+         p99 {:.1} ms, max {:.1} ms",
+        elapsed.as_secs_f64(),
+        n as f64 / elapsed.as_secs_f64(),
+        percentile(&took, 0.5).as_secs_f64() * 1e3,
+        percentile(&took, 0.99).as_secs_f64() * 1e3,
+        took.last().copied().unwrap_or_default().as_secs_f64() * 1e3,
+    );
+}
+
 /// Until `path` has received a request; returns the first.
 async fn first_request(rx: &Receiver, path: &str) -> crate::receiver::Recorded {
     let start = Instant::now();
@@ -121,57 +173,23 @@ async fn thousands_of_endpoints_are_created_fast_paged_and_live_at_once() {
 
     // 8 clients, each creating its share in a loop (keep-alive connections, as a migration
     // script would).
-    let started = Instant::now();
-    let api = Arc::new(api);
     let url = rx.url("bulk");
-    let mut tasks = Vec::new();
-    for c in 0..CLIENTS {
-        let api = api.clone();
-        let url = url.clone();
-        tasks.push(tokio::spawn(async move {
-            let http = reqwest::Client::new();
-            let mut took = Vec::with_capacity(PER_CLIENT);
-            for i in 0..PER_CLIENT {
-                let n = c * PER_CLIENT + i;
-                let body = json!({
-                    "id": format!("ep-{n:05}"),
-                    "url": format!("{url}/{n}"),
-                    "tenant": format!("t{:03}", n % 100),
-                    "event_types": ["order.*"],
-                    "enabled": !n.is_multiple_of(10),
-                });
-                let t = Instant::now();
-                let resp = http
-                    .post(format!("http://{api}/v1/endpoints"))
-                    .bearer_auth(ADMIN_TOKEN)
-                    .json(&body)
-                    .send()
-                    .await
-                    .expect("sent");
-                took.push(t.elapsed());
-                let status = resp.status().as_u16();
-                assert_eq!(status, 201, "create ep-{n:05}: {:?}", resp.text().await);
-            }
-            took
-        }));
-    }
-    let mut took = Vec::new();
-    for t in tasks {
-        took.extend(t.await.expect("client"));
-    }
-    let elapsed = started.elapsed();
-    took.sort();
     let total = CLIENTS * PER_CLIENT;
-    println!(
-        "creates: {total} from {CLIENTS} clients in {:.2} s = {:.0}/s; latency p50 {:.1} ms, \
-         p99 {:.1} ms, max {:.1} ms",
-        elapsed.as_secs_f64(),
-        total as f64 / elapsed.as_secs_f64(),
-        percentile(&took, 0.5).as_secs_f64() * 1e3,
-        percentile(&took, 0.99).as_secs_f64() * 1e3,
-        took.last().copied().unwrap_or_default().as_secs_f64() * 1e3,
-    );
-
+    let create_url = url.clone();
+    timed(&api, "creates", 201, move |n| {
+        (
+            reqwest::Method::POST,
+            "/v1/endpoints".to_string(),
+            json!({
+                "id": format!("ep-{n:05}"),
+                "url": format!("{create_url}/{n}"),
+                "tenant": format!("t{:03}", n % 100),
+                "event_types": ["order.*"],
+                "enabled": !n.is_multiple_of(10),
+            }),
+        )
+    })
+    .await;
     let cpu_after = cpu(&procs);
     for (i, name) in ["deduper", "dispatcher", "admin"].iter().enumerate() {
         println!(
@@ -179,6 +197,36 @@ async fn thousands_of_endpoints_are_created_fast_paged_and_live_at_once() {
             (cpu_after[i] - cpu_before[i]).as_secs_f64() * 1e6 / total as f64
         );
     }
+
+    // Updates and deletes at the same concurrency (the deletes of endpoints made for them).
+    timed(&api, "updates", 200, |n| {
+        (
+            reqwest::Method::PATCH,
+            format!("/v1/endpoints/ep-{n:05}"),
+            json!({"event_types": ["order.*", "invoice.*"]}),
+        )
+    })
+    .await;
+    let doomed: Vec<Value> = (0..total)
+        .map(|n| json!({"id": format!("gone-{n:05}"), "url": rx.url("gone")}))
+        .collect();
+    for chunk in doomed.chunks(1000) {
+        ok(
+            &api,
+            reqwest::Method::POST,
+            "/v1/endpoints:batch",
+            json!({"items": chunk}),
+        )
+        .await;
+    }
+    timed(&api, "deletes", 204, |n| {
+        (
+            reqwest::Method::DELETE,
+            format!("/v1/endpoints/gone-{n:05}"),
+            Value::Null,
+        )
+    })
+    .await;
 
     // Durable and visible elsewhere: a reader of its own reads every one from the topic.
     let reader = hookline_control::Registry::start(
@@ -367,7 +415,7 @@ async fn page_through(api: &str, token: &str, query: &str) -> Vec<String> {
 
 /// `hookline …` with the test's secrets key; (status ok, stdout, stderr).
 fn hookline(config: &Path, args: &[&str]) -> (bool, String, String) {
-    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_hookline"));
+    let mut cmd = std::process::Command::new(binary());
     for (k, _) in std::env::vars_os() {
         if k.to_string_lossy().starts_with("HOOKLINE_") {
             cmd.env_remove(k);

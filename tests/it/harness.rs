@@ -341,6 +341,14 @@ pub fn secrets_key() -> String {
         .clone()
 }
 
+/// The `hookline` binary the tests run: this build's, or the one `HOOKLINE_IT_BINARY` names
+/// (e.g. `target/release/hookline`, to read a test's printed figures at release speed).
+pub(crate) fn binary() -> std::path::PathBuf {
+    std::env::var_os("HOOKLINE_IT_BINARY")
+        .map(Into::into)
+        .unwrap_or_else(|| env!("CARGO_BIN_EXE_hookline").into())
+}
+
 /// A `hookline` child with no inherited `HOOKLINE_*` or TLS trust variables, killed on drop.
 pub(crate) struct Hookline {
     pub(crate) child: Child,
@@ -353,7 +361,7 @@ impl Hookline {
         env: &[(&str, &str)],
         log: &Path,
     ) -> Hookline {
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_hookline"));
+        let mut cmd = Command::new(binary());
         for (k, _) in std::env::vars_os() {
             let k = k.to_string_lossy().into_owned();
             if k.starts_with("HOOKLINE_") || k == "SSL_CERT_FILE" || k == "SSL_CERT_DIR" {
