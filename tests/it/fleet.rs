@@ -25,10 +25,10 @@ fn percentile(sorted: &[Duration], p: f64) -> Duration {
     sorted[i.min(sorted.len() - 1)]
 }
 
-/// `CLIENTS` clients calling `call(n)` for their share of `0..CLIENTS * PER_CLIENT` in a loop,
+/// `CLIENTS` clients (client `c` on `apis[c % apis.len()]`) calling `call(n)` for their share of `0..CLIENTS * PER_CLIENT` in a loop,
 /// each answer `status`; prints the rate and the latency (never asserted).
 async fn timed(
-    api: &str,
+    apis: &[String],
     what: &str,
     status: u16,
     call: impl Fn(usize) -> (reqwest::Method, String, Value) + Send + Sync + 'static,
@@ -37,7 +37,7 @@ async fn timed(
     let started = Instant::now();
     let mut tasks = Vec::new();
     for c in 0..CLIENTS {
-        let api = api.to_string();
+        let api = apis[c % apis.len()].clone();
         let call = call.clone();
         tasks.push(tokio::spawn(async move {
             let http = reqwest::Client::new();
@@ -176,7 +176,7 @@ async fn thousands_of_endpoints_are_created_fast_paged_and_live_at_once() {
     let url = rx.url("bulk");
     let total = CLIENTS * PER_CLIENT;
     let create_url = url.clone();
-    timed(&api, "creates", 201, move |n| {
+    timed(std::slice::from_ref(&api), "creates", 201, move |n| {
         (
             reqwest::Method::POST,
             "/v1/endpoints".to_string(),
@@ -199,7 +199,7 @@ async fn thousands_of_endpoints_are_created_fast_paged_and_live_at_once() {
     }
 
     // Updates and deletes at the same concurrency (the deletes of endpoints made for them).
-    timed(&api, "updates", 200, |n| {
+    timed(std::slice::from_ref(&api), "updates", 200, |n| {
         (
             reqwest::Method::PATCH,
             format!("/v1/endpoints/ep-{n:05}"),
@@ -219,7 +219,7 @@ async fn thousands_of_endpoints_are_created_fast_paged_and_live_at_once() {
         )
         .await;
     }
-    timed(&api, "deletes", 204, |n| {
+    timed(std::slice::from_ref(&api), "deletes", 204, |n| {
         (
             reqwest::Method::DELETE,
             format!("/v1/endpoints/gone-{n:05}"),
@@ -664,4 +664,45 @@ async fn batches_and_imports_are_all_or_nothing_and_idempotent() {
     let line: Value = serde_json::from_str(with.lines().next().expect("b-1")).expect("json");
     assert_eq!(line["id"], "b-1");
     assert_eq!(line["secret"], secret);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_admin_pods_creating_at_once_both_succeed() {
+    require_kafka();
+    let rx = Receiver::start().await;
+    let (dir, config_path, config) = setup("fleet-two", "").await;
+    let mut apis = Vec::new();
+    let mut procs = Vec::new();
+    for name in ["admin-a", "admin-b"] {
+        let log = dir.join(format!("{name}.log"));
+        let mut child = Hookline::start(&config_path, &["run", "admin"], &[], &log);
+        apis.push(wait_logged(&log, "admin api listening", &mut child).await);
+        procs.push((child, log));
+    }
+    let logs: Vec<&Path> = procs.iter().map(|(_, l)| l.as_path()).collect();
+    all_ready(&logs).await;
+    // Each pod's writer fences the other's whenever it initialises: every switch costs an
+    // initialisation. Printed, never asserted; every create must still succeed.
+    let url = rx.url("two");
+    timed(&apis, "creates on two admin pods", 201, move |n| {
+        (
+            reqwest::Method::POST,
+            "/v1/endpoints".to_string(),
+            json!({"id": format!("two-{n:05}"), "url": format!("{url}/{n}")}),
+        )
+    })
+    .await;
+    let reader = hookline_control::Registry::start(
+        &config,
+        hookline_control::Keyring::from_base64(Some(&secrets_key()), &[]).expect("key"),
+        &prometheus::Registry::new(),
+        false,
+    )
+    .await
+    .expect("a reader");
+    assert_eq!(
+        reader.current().len(),
+        CLIENTS * PER_CLIENT,
+        "every create once"
+    );
 }
