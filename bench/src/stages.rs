@@ -196,8 +196,22 @@ impl Drop for Stages {
     }
 }
 
-/// A port nobody listens on now (bound and released; the stage binds it a moment later).
+/// A port nobody listens on now (bound and released; the stage binds it a moment later). Taken
+/// below the kernel's ephemeral range: a port from `bind(:0)` could be handed to any other
+/// socket (a test's client, another process's `:0`) between the release and the stage's bind —
+/// seen once in CI as the deduper's "Address already in use".
 fn free_port() -> anyhow::Result<SocketAddr> {
+    let low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|r| r.split_whitespace().next()?.parse::<u16>().ok())
+        .unwrap_or(32768);
+    let span = low.saturating_sub(20_000).max(1);
+    for _ in 0..100 {
+        let port = 20_000 + (rand::random::<u16>() % span);
+        if let Ok(l) = std::net::TcpListener::bind(("127.0.0.1", port)) {
+            return Ok(l.local_addr()?);
+        }
+    }
     let l = std::net::TcpListener::bind("127.0.0.1:0")?;
     Ok(l.local_addr()?)
 }
