@@ -233,13 +233,11 @@ pub struct Imported {
 fn imported(d: &Definition, current: &Endpoint, now: i64) -> Option<Endpoint> {
     let mut def = d.def.clone();
     let keep_secrets = d.generated.is_some()
-        || current.secrets.iter().map(|s| s.secret.as_str()).eq(def
+        || current
             .secrets
             .iter()
-            .map(|s| s.to_text())
-            .collect::<Vec<_>>()
-            .iter()
-            .map(String::as_str));
+            .map(|s| s.secret.clone())
+            .eq(def.secrets.iter().map(|s| s.to_text()));
     if keep_secrets {
         def.secrets.clear();
     }

@@ -38,7 +38,7 @@ fn def(id: &str, url: &str) -> EndpointConfig {
     }
 }
 
-async fn registry(config: &Config, key: &str, seed: bool) -> Registry {
+pub(crate) async fn registry(config: &Config, key: &str, seed: bool) -> Registry {
     Registry::start(config, keyring(key), &prometheus::Registry::new(), seed)
         .await
         .expect("registry starts")

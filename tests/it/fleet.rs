@@ -229,14 +229,7 @@ async fn thousands_of_endpoints_are_created_fast_paged_and_live_at_once() {
     .await;
 
     // Durable and visible elsewhere: a reader of its own reads every one from the topic.
-    let reader = hookline_control::Registry::start(
-        &config,
-        hookline_control::Keyring::from_base64(Some(&secrets_key()), &[]).expect("key"),
-        &prometheus::Registry::new(),
-        false,
-    )
-    .await
-    .expect("a second registry");
+    let reader = crate::control::registry(&config, &secrets_key(), false).await;
     assert_eq!(
         reader.current().len(),
         total + 1,
@@ -692,14 +685,7 @@ async fn two_admin_pods_creating_at_once_both_succeed() {
         )
     })
     .await;
-    let reader = hookline_control::Registry::start(
-        &config,
-        hookline_control::Keyring::from_base64(Some(&secrets_key()), &[]).expect("key"),
-        &prometheus::Registry::new(),
-        false,
-    )
-    .await
-    .expect("a reader");
+    let reader = crate::control::registry(&config, &secrets_key(), false).await;
     assert_eq!(
         reader.current().len(),
         CLIENTS * PER_CLIENT,
