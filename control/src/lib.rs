@@ -18,6 +18,7 @@
 //! - [`cli`]: `hookline endpoints …` and `hookline trace`; [`table`]: aligned output.
 //! - [`metrics`]: the `hookline_control_*` families.
 
+pub mod activity;
 pub mod attempts;
 pub mod cli;
 pub mod crypto;

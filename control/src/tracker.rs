@@ -30,6 +30,7 @@ use hookline_common::config::Config;
 use hookline_common::contract::delivery::{now_ms, ENDPOINT_ID};
 use hookline_common::contract::topics::Topics;
 
+use crate::activity::{Counts, Interner, Recent, Stored};
 use crate::attempts::Attempt;
 use crate::health::{unknown, EndpointHealth, HealthReport, Window};
 use crate::metrics::HealthMetrics;
@@ -45,20 +46,16 @@ struct State {
     endpoints: HashMap<String, EndpointHealth>,
     dead: HashMap<String, u64>,
     /// The latest [`RECENT`] attempts per endpoint (by attempt time), for the dashboard.
-    recent: HashMap<String, BTreeMap<(i64, String, u32), Attempt>>,
-    /// Attempts per endpoint per minute of attempt time (delivered, failed, throttled — of
-    /// either, those that had waited for the endpoint's rate limit), the last
-    /// [`COUNT_MINUTES`] minutes (at most that many entries per endpoint): the dashboard's live
-    /// counters and charts.
-    minutes: HashMap<String, BTreeMap<i64, (u64, u64, u64)>>,
+    recent: HashMap<String, Recent>,
+    /// Attempts per endpoint (delivered, failed, throttled — of either, those that had waited
+    /// for the endpoint's rate limit) per minute for the last hour and per hour back to
+    /// [`COUNT_MINUTES`]: the dashboard's live counters and charts.
+    minutes: HashMap<String, Counts>,
+    /// The strings `recent` holds many times.
+    strings: Interner,
 }
 
-/// Minutes of per-endpoint counts kept for [`Health::counts`] and [`Health::per_minute`]: 24 h
-/// (the dashboard's charts). As far back as the tail reads (`control.health_lookback`, 24 h).
-pub const COUNT_MINUTES: i64 = 24 * 60;
-
-/// Attempts kept per endpoint for [`Health::recent`].
-pub const RECENT: usize = 50;
+pub use crate::activity::{COUNT_MINUTES, MINUTE_BUCKETS, RECENT};
 
 /// Per-endpoint health of the installation, kept current by a tail.
 pub struct Health {
@@ -171,7 +168,7 @@ impl Health {
         lock(&self.state)
             .recent
             .get(endpoint_id)
-            .map(|r| r.values().rev().cloned().collect())
+            .map(|r| r.newest_first(endpoint_id))
             .unwrap_or_default()
     }
 
@@ -185,18 +182,16 @@ impl Health {
 
     /// (minute, delivered, failed, throttled) of an endpoint for every minute with attempts
     /// among the last `minutes` (whole minutes, the current one included; at most
-    /// [`COUNT_MINUTES`]), oldest first; the minute is unix ms / 60,000. Throttled attempts are
-    /// also delivered or failed: those that had waited for the endpoint's rate limit.
+    /// [`COUNT_MINUTES`]), oldest first; the minute is unix ms / 60,000. Past the last
+    /// [`MINUTE_BUCKETS`] minutes the counts are per hour, each at the hour's first minute.
+    /// Throttled attempts are also delivered or failed: those that had waited for the
+    /// endpoint's rate limit.
     pub fn per_minute(&self, endpoint_id: &str, minutes: i64) -> Vec<(i64, u64, u64, u64)> {
-        let from = first_minute(minutes);
+        let now = now_ms().div_euclid(60_000);
         lock(&self.state)
             .minutes
-            .get(endpoint_id)
-            .map(|m| {
-                m.range(from..)
-                    .map(|(k, (d, f, t))| (*k, *d, *f, *t))
-                    .collect()
-            })
+            .get_mut(endpoint_id)
+            .map(|c| c.buckets(minutes, now))
             .unwrap_or_default()
     }
 
@@ -210,12 +205,6 @@ impl Health {
             .map(|id| (id.clone(), self.report(&id)))
             .collect()
     }
-}
-
-/// The first minute (unix ms / 60,000) of the last `minutes` whole minutes, the current one
-/// included; at most [`COUNT_MINUTES`] are kept.
-fn first_minute(minutes: i64) -> i64 {
-    now_ms().div_euclid(60_000) - minutes.clamp(1, COUNT_MINUTES) + 1
 }
 
 async fn read_loop(
@@ -262,25 +251,19 @@ fn apply(m: &rdkafka::message::OwnedMessage, state: &Mutex<State>, dlq: &str, wi
                     .entry(a.endpoint_id.clone())
                     .or_default()
                     .observe(&a, window);
-                let minute = a.at_ms.div_euclid(60_000);
-                let counts = s.minutes.entry(a.endpoint_id.clone()).or_default();
-                let slot = counts.entry(minute).or_default();
-                match a.outcome {
-                    crate::attempts::Outcome::Delivered => slot.0 += 1,
-                    crate::attempts::Outcome::Failed => slot.1 += 1,
-                }
-                if a.waited_ms > 0 {
-                    slot.2 += 1;
-                }
-                let horizon = now_ms().div_euclid(60_000) - COUNT_MINUTES;
-                while counts.first_key_value().is_some_and(|(m, _)| *m < horizon) {
-                    counts.pop_first();
-                }
-                let recent = s.recent.entry(a.endpoint_id.clone()).or_default();
-                recent.insert((a.at_ms, a.event_id.clone(), a.attempt), a);
-                if recent.len() > RECENT {
-                    recent.pop_first();
-                }
+                let now = now_ms().div_euclid(60_000);
+                let s = &mut *s;
+                s.minutes.entry(a.endpoint_id.clone()).or_default().add(
+                    a.at_ms.div_euclid(60_000),
+                    a.outcome,
+                    a.waited_ms > 0,
+                    now,
+                );
+                let stored = Stored::of(&a, &mut s.strings);
+                s.recent
+                    .entry(a.endpoint_id.clone())
+                    .or_default()
+                    .insert(stored);
             }
             Err(e) => {
                 tracing::debug!(offset = m.offset(), error = %e, "unreadable delivery log record")

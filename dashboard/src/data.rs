@@ -74,8 +74,9 @@ pub struct Settings {
     pub version: u64,
 }
 
-/// Attempts of an endpoint per minute: (minute, delivered, failed) for every minute with
-/// attempts, oldest first (minute = unix ms / 60,000), and the current minute.
+/// Attempts of an endpoint: (minute, delivered, failed, throttled) for every minute with attempts
+/// in the last hour and every hour with attempts before that (at the hour's first minute), oldest
+/// first (minute = unix ms / 60,000), and the current minute.
 #[derive(Debug, Clone, Default)]
 pub struct Activity {
     pub now_minute: i64,

@@ -235,12 +235,13 @@ pub fn endpoint(row: &EndpointRow, attempts: &[AttemptRow], csrf: &str) -> Marku
             tr { th { "waiting to retry" } td { (row.health.pending_retries)
                 @if let Some(at) = &row.health.oldest_pending_retry { span.muted { ", the oldest since " (at) } } } }
         }
-        h2 { "Attempts per minute, last 24 h" }
+        h2 { "Attempts per hour, last 24 h" }
         @let (delivered, failed, throttled) = row.activity.totals();
         p.muted { (delivered) " delivered, " (failed) " failed (every stage: first attempts, retries, replays, test sends), "
             (throttled) " of them throttled (held back by the rate limit first); "
             span.ok { "■" } " delivered " span.bad { "■" } " failed " span.thr { "▬" } " throttled" }
-        (chart(&row.activity, 24 * 60, 1, 720.0, 120.0, "activity", &row.id))
+        // Per hour: past the last hour the tracker keeps hourly counts (bounded memory per endpoint).
+        (chart(&row.activity, 24, 60, 720.0, 120.0, "activity", &row.id))
         div.muted style="width:720px;display:flex;justify-content:space-between" { span { "24 h ago" } span { "now" } }
         h2 { "Attempts per minute, last hour" }
         (chart(&row.activity, 60, 1, 720.0, 120.0, "activity-hour", &row.id))
