@@ -546,4 +546,4 @@ pub fn validate(def: &EndpointConfig) -> Result<(), FieldError> {
 
 #[cfg(test)]
 #[path = "endpoint_tests.rs"]
-mod tests;
+pub(crate) mod tests;

@@ -209,7 +209,7 @@ fn rotation_keeps_the_old_secret_for_the_grace_period() {
     assert_eq!(later.len(), 3, "a expired: {later:?}");
 }
 
-fn endpoint() -> Endpoint {
+pub(crate) fn endpoint() -> Endpoint {
     Endpoint {
         id: "crm".into(),
         url: "https://crm.example/hook".into(),

@@ -76,10 +76,39 @@ pub struct Page<'a> {
 }
 
 /// Every endpoint of the registry, by id: what a process delivers to.
-#[derive(Debug, Clone, Default, PartialEq)]
+#[derive(Debug, Clone)]
 pub struct EndpointSet {
     /// Persistent: a copy (every published snapshot) is O(1), a change O(log n).
     endpoints: imbl::OrdMap<String, Arc<Endpoint>>,
+    /// Which set this is a later copy of (sets started apart never share `log` numbers).
+    lineage: u64,
+    /// Changes made so far.
+    version: u64,
+    /// The last [`CHANGE_LOG`] changes: (version after it, id). Lets [`EndpointSet::changed_since`]
+    /// answer a snapshot a few changes old without walking the whole set.
+    log: imbl::Vector<(u64, String)>,
+}
+
+/// Changes an [`EndpointSet`] remembers by id.
+pub const CHANGE_LOG: usize = 4096;
+
+impl Default for EndpointSet {
+    fn default() -> Self {
+        static LINEAGE: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+        EndpointSet {
+            endpoints: imbl::OrdMap::new(),
+            lineage: LINEAGE.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+            version: 0,
+            log: imbl::Vector::new(),
+        }
+    }
+}
+
+/// Two sets are equal when they hold the same endpoints (however they got there).
+impl PartialEq for EndpointSet {
+    fn eq(&self, other: &Self) -> bool {
+        self.endpoints == other.endpoints
+    }
 }
 
 impl EndpointSet {
@@ -113,8 +142,29 @@ impl EndpointSet {
         self.iter().filter_map(|e| e.config_at(t_ms)).collect()
     }
     /// The ids whose endpoint differs between `earlier` and this set (added, changed or gone),
-    /// by id: one walk of both, comparing pointers (an unchanged endpoint is shared).
+    /// by id: from the change log when `earlier` is an older copy of this set at most
+    /// [`CHANGE_LOG`] changes back (an id in it may have changed back: a superset, which every
+    /// caller re-reads anyway); else one walk of both, comparing pointers (an unchanged endpoint
+    /// is shared).
     pub fn changed_since(&self, earlier: &EndpointSet) -> Vec<String> {
+        if self.lineage == earlier.lineage && earlier.version <= self.version {
+            let behind = self.version - earlier.version;
+            if behind <= self.log.len() as u64 {
+                let mut ids: Vec<String> = self
+                    .log
+                    .iter()
+                    .skip(self.log.len() - behind as usize)
+                    .map(|(_, id)| id.clone())
+                    .collect();
+                ids.sort_unstable();
+                ids.dedup();
+                return ids;
+            }
+        }
+        self.walk_changed(earlier)
+    }
+
+    fn walk_changed(&self, earlier: &EndpointSet) -> Vec<String> {
         let mut a = earlier.endpoints.iter().peekable();
         let mut b = self.endpoints.iter().peekable();
         let mut out = Vec::new();
@@ -174,9 +224,66 @@ impl EndpointSet {
         Page { items, next }
     }
     pub(crate) fn insert(&mut self, e: Endpoint) {
+        self.logged(&e.id);
         self.endpoints.insert(e.id.clone(), Arc::new(e));
     }
     pub(crate) fn remove(&mut self, id: &str) {
-        self.endpoints.remove(id);
+        if self.endpoints.remove(id).is_some() {
+            self.logged(id);
+        }
+    }
+    fn logged(&mut self, id: &str) {
+        self.version += 1;
+        self.log.push_back((self.version, id.to_string()));
+        if self.log.len() > CHANGE_LOG {
+            self.log.pop_front();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ep(id: &str, url: &str) -> Endpoint {
+        Endpoint {
+            id: id.into(),
+            url: url.into(),
+            ..crate::endpoint::tests::endpoint()
+        }
+    }
+
+    fn set_of(n: usize) -> EndpointSet {
+        let mut s = EndpointSet::default();
+        for i in 0..n {
+            s.insert(ep(&format!("e{i:05}"), "https://a.example/"));
+        }
+        s
+    }
+
+    #[test]
+    fn changes_come_from_the_log_and_match_the_walk() {
+        let before = set_of(100);
+        let mut after = before.clone();
+        after.insert(ep("e00007", "https://b.example/"));
+        after.insert(ep("e00003", "https://b.example/"));
+        after.insert(ep("e00007", "https://c.example/"));
+        after.remove("e00050");
+        after.remove("nope");
+        after.insert(ep("new", "https://a.example/"));
+        let want = vec!["e00003", "e00007", "e00050", "new"];
+        assert_eq!(after.changed_since(&before), want);
+        assert_eq!(after.walk_changed(&before), want);
+        assert!(after.changed_since(&after).is_empty());
+        // Older than the log: the walk answers.
+        let old = set_of(10);
+        let mut far = old.clone();
+        for i in 0..CHANGE_LOG + 10 {
+            far.insert(ep(&format!("f{i:05}"), "https://a.example/"));
+        }
+        assert_eq!(far.changed_since(&old).len(), CHANGE_LOG + 10);
+        // Another lineage: the walk, comparing pointers (nothing shared: every id).
+        assert_eq!(set_of(3).changed_since(&set_of(3)).len(), 3);
+        assert_eq!(set_of(3), set_of(3));
     }
 }
