@@ -1,5 +1,5 @@
 # The commands of the README.
-.PHONY: run test test-containers test-faults bench kafka-start kafka-stop
+.PHONY: run test test-containers test-faults bench bench-endpoints kafka-start kafka-stop
 
 run:   ## local Kafka + the whole pipeline in one process
 	bash scripts/run-local.sh
@@ -17,6 +17,11 @@ bench: ## end-to-end benchmark against the local Kafka (release build); BENCH_AR
 	deploy/local/kafka start
 	cargo build --release --bin hookline
 	cargo run --release -p hookline-bench -- $(BENCH_ARGS)
+
+bench-endpoints: ## the many-endpoints phase alone: ENDPOINTS (100000) over ENDPOINTS/10 tenants, RSS per pod, ready time, fan-out, creates
+	deploy/local/kafka start
+	cargo build --release --bin hookline
+	cargo run --release -p hookline-bench -- --endpoints $(or $(ENDPOINTS),100000) --endpoints-only $(BENCH_ARGS)
 
 kafka-start:
 	deploy/local/kafka start

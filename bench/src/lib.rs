@@ -21,6 +21,7 @@
 
 pub mod ceilings;
 pub mod filter_cost;
+pub mod fleet;
 pub mod hops;
 pub mod lag;
 pub mod ledger;
@@ -62,7 +63,7 @@ const ISO_ENDPOINTS: u16 = 100;
 const SLOW_BASE: u16 = 300;
 const SLOW_ENDPOINTS: u16 = 100;
 /// The retry schedule of the bench: failures reach the DLQ within seconds.
-const SCHEDULE: &str = r#"["0s", "1s", "2s"]"#;
+pub(crate) const SCHEDULE: &str = r#"["0s", "1s", "2s"]"#;
 
 /// Runs the whole benchmark and returns its report (also printed and written as JSON).
 pub async fn run(opts: Options) -> anyhow::Result<Report> {
@@ -376,8 +377,17 @@ endpoint = \"{}\"
     // A graceful stop.
     stages.stop(Duration::from_secs(40)).await?;
     drop(lag);
+    // 8. Many endpoints, on a registry and processes of its own.
+    let fleet = if opts.endpoints > 0 {
+        Some(fleet::run(&fleet_setup(&opts, &prefix, &dir), &sink).await?)
+    } else {
+        None
+    };
     if !opts.keep_topics {
         delete_topics(&config, &ceiling_topic).await;
+        if fleet.is_some() {
+            delete_fleet_topics(&config, &prefix).await;
+        }
     }
 
     let by_name = |n: &str| runs.iter().find(|r| r.name == n);
@@ -437,6 +447,7 @@ endpoint = \"{}\"
         inflight,
         neighbour,
         trace_cost,
+        fleet,
         peak_rss,
         redelivered,
         valid,
@@ -447,6 +458,73 @@ endpoint = \"{}\"
     std::fs::write(&json_path, serde_json::to_vec_pretty(&report)?)
         .with_context(|| format!("writing {}", json_path.display()))?;
     Ok(report)
+}
+
+/// `--endpoints-only`: the many-endpoints phase alone (printed, and written as JSON beside the
+/// other reports).
+pub async fn run_endpoints_only(opts: Options) -> anyhow::Result<fleet::Fleet> {
+    let opts = opts.resolved();
+    opts.validate()?;
+    let prefix = format!(
+        "bench-{:x}-{}",
+        (sink::unix_ns() / 1_000_000) & 0xff_ffff,
+        std::process::id()
+    );
+    let dir = opts.out_dir.join(&prefix);
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    let sink = sink::Sink::start().await?;
+    let result = fleet::run(&fleet_setup(&opts, &prefix, &dir), &sink).await;
+    if !opts.keep_topics {
+        let text = format!(
+            "[kafka]\nbootstrap_servers = \"{}\"\n[topics]\nprefix = \"{prefix}\"\n",
+            opts.bootstrap
+        );
+        if let Ok(config) = Config::from_toml_with_env(&text, "bench config", Vec::new()) {
+            delete_fleet_topics(&config, &prefix).await;
+        }
+    }
+    let out = result?;
+    let json_path = opts.out_dir.join(format!("{prefix}-endpoints.json"));
+    let json = serde_json::json!({
+        "date": humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string(),
+        "command_line": std::env::args().collect::<Vec<_>>().join(" "),
+        "machine": Machine::read(),
+        "options": &opts,
+        "fleet": &out,
+    });
+    std::fs::write(&json_path, serde_json::to_vec_pretty(&json)?)
+        .with_context(|| format!("writing {}", json_path.display()))?;
+    Ok(out)
+}
+
+fn fleet_setup<'a>(opts: &'a Options, prefix: &str, dir: &std::path::Path) -> fleet::Setup<'a> {
+    fleet::Setup {
+        hookline: &opts.hookline,
+        bootstrap: &opts.bootstrap,
+        partitions: opts.partitions,
+        prefix: fleet::topic_prefix(prefix),
+        dir: dir.join("fleet"),
+        endpoints: opts.endpoints,
+        events: opts.fleet_events,
+        payload_bytes: opts.payload_bytes,
+        creates: opts.fleet_creates,
+    }
+}
+
+/// Removes the many-endpoints phase's topics (best effort).
+async fn delete_fleet_topics(config: &Config, prefix: &str) {
+    let mut fleet_config = config.clone();
+    fleet_config.topics.prefix = fleet::topic_prefix(prefix);
+    let Ok(admin) = base_config(config).create::<AdminClient<DefaultClientContext>>() else {
+        return;
+    };
+    let names: Vec<String> = topics::plan(&fleet_config)
+        .into_iter()
+        .map(|t| t.name)
+        .collect();
+    let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+    let opts = AdminOptions::new().operation_timeout(Some(Duration::from_secs(30)));
+    let _ = admin.delete_topics(&refs, &opts).await;
 }
 
 /// Events of the in-flight run: each is delivered to all 100 slow endpoints.

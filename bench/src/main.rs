@@ -19,6 +19,18 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    if opts.endpoints_only {
+        return match runtime.block_on(hookline_bench::run_endpoints_only(opts)) {
+            Ok(fleet) => {
+                println!("{}", fleet.table());
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("error: {e:#}");
+                ExitCode::from(2)
+            }
+        };
+    }
     match runtime.block_on(hookline_bench::run(opts)) {
         Ok(report) => {
             println!("{}", report.table());

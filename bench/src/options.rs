@@ -112,6 +112,20 @@ pub struct Options {
     /// 0: skipped).
     #[arg(long, default_value_t = 30_000)]
     pub trace_events: usize,
+    /// Registry endpoints of the many-endpoints phase ([`crate::fleet`]; 0: skipped): imported over
+    /// N/10 tenants, 1% of them hanging, on a registry and processes of the phase's own. A
+    /// multiple of 100.
+    #[arg(long, default_value_t = 0)]
+    pub endpoints: usize,
+    /// Run only the many-endpoints phase (with `--endpoints`): no ceilings, relays or pipeline runs.
+    #[arg(long)]
+    pub endpoints_only: bool,
+    /// Events of each many-endpoints drain (each fanned out to its tenant's 10 endpoints).
+    #[arg(long, default_value_t = 10_000)]
+    pub fleet_events: usize,
+    /// `POST /v1/endpoints` of the many-endpoints phase, from 8 clients into the full registry.
+    #[arg(long, default_value_t = 4_000)]
+    pub fleet_creates: usize,
     /// Keep the run's topics on the broker (default: delete them at the end).
     #[arg(long)]
     pub keep_topics: bool,
@@ -142,6 +156,9 @@ impl Options {
             self.neighbour_pairs = 1;
             self.neighbour_events = 1_000;
             self.trace_events = 1_000;
+            self.endpoints = self.endpoints.min(1_000);
+            self.fleet_events = 500;
+            self.fleet_creates = 200;
         }
         self
     }
@@ -184,6 +201,19 @@ impl Options {
         anyhow::ensure!(
             self.neighbour_pairs == 0 || self.neighbour_events >= 100,
             "--neighbour-events must be at least 100"
+        );
+        anyhow::ensure!(
+            self.endpoints.is_multiple_of(100),
+            "--endpoints must be a multiple of 100 (10 per tenant, 1% hanging), got {}",
+            self.endpoints
+        );
+        anyhow::ensure!(
+            !self.endpoints_only || self.endpoints > 0,
+            "--endpoints-only needs --endpoints N"
+        );
+        anyhow::ensure!(
+            self.fleet_events >= 100,
+            "--fleet-events must be at least 100"
         );
         anyhow::ensure!(self.partitions >= 1, "--partitions must be at least 1");
         anyhow::ensure!(

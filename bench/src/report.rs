@@ -193,6 +193,8 @@ pub struct Report {
     pub neighbour: Option<crate::neighbour::Neighbour>,
     /// What traces cost at 100% sampling (None when skipped).
     pub trace_cost: Option<crate::traces_cost::TraceCost>,
+    /// The many-endpoints phase (None when skipped: `--endpoints 0`).
+    pub fleet: Option<crate::fleet::Fleet>,
     /// VmHWM of each stage process at the end, bytes.
     pub peak_rss: BTreeMap<String, u64>,
     /// (id, endpoint) pairs the sink received more than once (at-least-once re-sends).
@@ -495,6 +497,9 @@ impl Report {
                 n.limited_max_per_s,
                 if n.limited_complete { "" } else { ", NOT every delivery arrived" }
             );
+        }
+        if let Some(f) = &self.fleet {
+            t.push_str(&f.table());
         }
         if let Some(c) = &self.trace_cost {
             let stages: Vec<String> = c

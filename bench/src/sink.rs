@@ -8,13 +8,15 @@
 //!   timeout and hyper drops the request); otherwise like `/e/{n}`;
 //! - `/slow/{n}`: like `/e/{n}` after holding the request for the slow delay (the in-flight
 //!   run: the dispatcher holds every delivery open that long);
-//! - `/v1/traces`: an OTLP/HTTP trace export (the traces-cost runs): 200, its bytes counted.
+//! - `/v1/traces`: an OTLP/HTTP trace export (the traces-cost runs): 200, its bytes counted;
+//! - `/fleet/{n}`: 204, booked apart by (`webhook-id`, `n`) with `n` up to 2^32 (the many-endpoints
+//!   phase, [`crate::fleet`]: only counts and re-sends, no receipts).
 //!
 //! A delivery is keyed by (`webhook-id`, endpoint): the first 2xx is booked with its receipt time
 //! and the `data.sched_ns` stamp found in the body; later copies count as redeliveries. The HTTP
 //! ceiling client posts to `/e/0` too, so it pays for exactly the same bookkeeping.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -61,6 +63,10 @@ struct SinkState {
     /// OTLP trace exports received, and their bytes.
     otlp_requests: AtomicU64,
     otlp_bytes: AtomicU64,
+    /// (`webhook-id`, endpoint) pairs answered on `/fleet`, and the copies of one already there.
+    fleet: Mutex<HashSet<(Box<str>, u32)>>,
+    fleet_delivered: AtomicU64,
+    fleet_redelivered: AtomicU64,
 }
 
 /// A running sink; stops when dropped.
@@ -82,6 +88,7 @@ impl Sink {
             .route("/slow/{n}", post(slow))
             .route("/relay/{n}", post(relay))
             .route("/v1/traces", post(otlp))
+            .route("/fleet/{n}", post(fleet))
             .with_state(state.clone());
         let task = tokio::spawn(async move {
             if let Err(e) = axum::serve(listener, app).await {
@@ -133,6 +140,14 @@ impl Sink {
         self.state.failed.load(Ordering::Relaxed)
     }
 
+    /// Distinct (event, endpoint) deliveries answered on `/fleet`, and re-sends of those.
+    pub fn fleet_received(&self) -> (u64, u64) {
+        (
+            self.state.fleet_delivered.load(Ordering::Relaxed),
+            self.state.fleet_redelivered.load(Ordering::Relaxed),
+        )
+    }
+
     pub fn hung_total(&self) -> u64 {
         self.state.hung.load(Ordering::Relaxed)
     }
@@ -180,6 +195,28 @@ async fn otlp(State(state): State<Arc<SinkState>>, body: Bytes) -> StatusCode {
         .otlp_bytes
         .fetch_add(body.len() as u64, Ordering::Relaxed);
     StatusCode::OK
+}
+
+async fn fleet(
+    State(state): State<Arc<SinkState>>,
+    Path(n): Path<u32>,
+    headers: HeaderMap,
+) -> StatusCode {
+    let Some(id) = headers.get("webhook-id").and_then(|v| v.to_str().ok()) else {
+        return StatusCode::BAD_REQUEST;
+    };
+    let fresh = state
+        .fleet
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+        .insert((id.into(), n));
+    let counter = if fresh {
+        &state.fleet_delivered
+    } else {
+        &state.fleet_redelivered
+    };
+    counter.fetch_add(1, Ordering::Relaxed);
+    StatusCode::NO_CONTENT
 }
 
 async fn fail(State(state): State<Arc<SinkState>>, Path(_n): Path<u16>) -> StatusCode {

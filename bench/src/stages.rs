@@ -30,8 +30,20 @@ pub struct Stages {
 
 impl Stages {
     pub fn spawn(hookline: &Path, config: &Path, dir: &Path) -> anyhow::Result<Stages> {
+        Stages::spawn_with(hookline, config, dir, &STAGES, &[])
+    }
+
+    /// `hookline run <name>` for each of `names` (a name twice: give each its own `dir`), with
+    /// `env` set on top of a clean environment.
+    pub fn spawn_with(
+        hookline: &Path,
+        config: &Path,
+        dir: &Path,
+        names: &[&'static str],
+        env: &[(&str, &str)],
+    ) -> anyhow::Result<Stages> {
         let mut procs = Vec::new();
-        for name in STAGES {
+        for &name in names {
             let ops = free_port()?;
             let log = dir.join(format!("{name}.log"));
             let out = std::fs::File::create(&log)
@@ -49,6 +61,7 @@ impl Stages {
                 .arg(config)
                 .args(["run", name])
                 .env("HOOKLINE_SERVER__LISTEN", ops.to_string())
+                .envs(env.iter().copied())
                 .stdin(Stdio::null())
                 .stdout(out)
                 .stderr(err)
@@ -200,7 +213,7 @@ impl Drop for Stages {
 /// below the kernel's ephemeral range: a port from `bind(:0)` could be handed to any other
 /// socket (a test's client, another process's `:0`) between the release and the stage's bind —
 /// seen once in CI as the deduper's "Address already in use".
-fn free_port() -> anyhow::Result<SocketAddr> {
+pub fn free_port() -> anyhow::Result<SocketAddr> {
     let low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
         .ok()
         .and_then(|r| r.split_whitespace().next()?.parse::<u16>().ok())

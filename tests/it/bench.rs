@@ -187,3 +187,63 @@ async fn smoke_run_balances_every_ledger_and_reports_every_number() {
     assert!(table.contains("sustainable / HTTP ceiling") && !table.contains("INVALID"));
     let _ = std::fs::remove_dir_all(&out);
 }
+
+/// The many-endpoints phase (`--endpoints N --endpoints-only`) at 1,000 endpoints: every figure
+/// comes out (the speeds and sizes are the real bench's to report, not this test's to judge).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_endpoints_phase_reports_every_figure() {
+    require_kafka();
+    let out = std::env::temp_dir().join(unique_prefix("bench-fleet"));
+    let opts = <hookline_bench::Options as clap::Parser>::try_parse_from([
+        "hookline-bench",
+        "--smoke",
+        "--endpoints",
+        "1000",
+        "--endpoints-only",
+        "--bootstrap",
+        &bootstrap(),
+        "--hookline",
+        env!("CARGO_BIN_EXE_hookline"),
+        "--out-dir",
+        out.to_str().expect("utf-8 temp dir"),
+    ])
+    .expect("options parse");
+    let f = hookline_bench::run_endpoints_only(opts)
+        .await
+        .expect("many-endpoints run");
+    let table = f.table();
+    assert_eq!(
+        (f.endpoints, f.tenants, f.hanging),
+        (1_000, 100, 10),
+        "{table}"
+    );
+    assert_eq!(f.events_per_drain, 500, "{table}");
+    assert!(f.import_s > 0.0 && f.import_per_s > 0.0, "{table}");
+    assert!(f.dispatcher_loaded_s >= f.import_s, "{table}");
+    for rss in [
+        f.dispatcher_rss_empty_mib,
+        f.dispatcher_rss_full_mib,
+        f.admin_rss_empty_mib,
+        f.admin_rss_after_drain_mib,
+        f.new_pod_rss_mib,
+    ] {
+        assert!(rss > 0.0, "{table}");
+    }
+    assert!(
+        f.small_healthy_per_s > 0.0 && f.full_healthy_per_s > 0.0,
+        "{table}"
+    );
+    // 10% of the full drain's events go to a tenant with a hanging endpoint.
+    assert!(f.hung_requests > 0, "{table}");
+    assert!(f.new_pod_ready_s > 0.0, "{table}");
+    assert!(table.contains("bytes/endpoint") && table.contains("new dispatcher pod"));
+    let json = std::fs::read_dir(&out)
+        .expect("out dir")
+        .filter_map(Result::ok)
+        .find(|e| e.file_name().to_string_lossy().ends_with("-endpoints.json"))
+        .expect("the JSON report");
+    let v: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(json.path()).expect("read")).expect("json");
+    assert_eq!(v["fleet"]["endpoints"], 1_000);
+    let _ = std::fs::remove_dir_all(&out);
+}
