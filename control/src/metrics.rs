@@ -1,7 +1,7 @@
 //! Control-plane metrics, `hookline_control_<thing>_<unit>`, every label a closed set.
 
 use prometheus::{
-    Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGaugeVec, Opts, Registry,
+    Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGaugeVec, Opts, Registry,
 };
 
 use crate::endpoint::EndpointSet;
@@ -14,7 +14,14 @@ pub struct RegistryMetrics {
     writes: IntCounterVec,
     transactions: IntCounterVec,
     transaction_records: Histogram,
+    write_steps: HistogramVec,
 }
+
+/// Steps of `hookline_control_registry_write_seconds{step}`: per write, `join` (waiting for the
+/// writer, i.e. for the transaction before it to commit), `transaction` (joined until its
+/// transaction ended), `read_back` (until this process's registry read it); per transaction,
+/// `acks` (its records acknowledged) and `commit` (`commit_transaction`).
+pub const WRITE_STEPS: &[&str] = &["join", "transaction", "read_back", "acks", "commit"];
 
 /// Label values of `hookline_control_registry_writes_total{op}`.
 pub const WRITE_OPS: &[&str] = &[
@@ -81,6 +88,21 @@ impl RegistryMetrics {
         registry.register(Box::new(endpoints.clone()))?;
         registry.register(Box::new(records.clone()))?;
         registry.register(Box::new(writes.clone()))?;
+        let write_steps = HistogramVec::new(
+            HistogramOpts::new(
+                "hookline_control_registry_write_seconds",
+                "Where a registry write's time goes, by step (join, transaction, read_back per write; acks, commit per transaction)",
+            )
+            .buckets(vec![
+                0.0005, 0.001, 0.002, 0.004, 0.008, 0.016, 0.032, 0.064, 0.128, 0.256, 0.512,
+                1.0, 4.0,
+            ]),
+            &["step"],
+        )?;
+        registry.register(Box::new(write_steps.clone()))?;
+        for s in WRITE_STEPS {
+            write_steps.with_label_values(&[s]);
+        }
         registry.register(Box::new(transactions.clone()))?;
         registry.register(Box::new(transaction_records.clone()))?;
         for r in ["committed", "aborted"] {
@@ -103,6 +125,7 @@ impl RegistryMetrics {
             writes,
             transactions,
             transaction_records,
+            write_steps,
         })
     }
 
@@ -112,6 +135,13 @@ impl RegistryMetrics {
 
     pub(crate) fn write(&self, op: &'static str, result: &'static str) {
         self.writes.with_label_values(&[op, result]).inc();
+    }
+
+    /// One step of a write took `d` (a [`WRITE_STEPS`] name).
+    pub(crate) fn write_step(&self, step: &str, d: std::time::Duration) {
+        self.write_steps
+            .with_label_values(&[step])
+            .observe(d.as_secs_f64());
     }
 
     /// A registry transaction ended: `Some(records)` committed, `None` aborted.

@@ -900,7 +900,12 @@ static void rd_kafka_txn_handle_AddPartitionsToTxn(rd_kafka_t *rk,
                                 break;
 
                         case RD_KAFKA_RESP_ERR_CONCURRENT_TRANSACTIONS:
-                                retry_backoff_ms = 20;
+                                /* hookline patch 5: the previous transaction's
+                                 * markers are being written (a few ms): retry
+                                 * after retry.backoff.ms when that is shorter
+                                 * than the fixed 20 ms. */
+                                retry_backoff_ms =
+                                    RD_MIN(20, rk->rk_conf.retry_backoff_ms);
                                 /* FALLTHRU */
                         case RD_KAFKA_RESP_ERR_COORDINATOR_LOAD_IN_PROGRESS:
                         case RD_KAFKA_RESP_ERR_UNKNOWN_TOPIC_OR_PART:
