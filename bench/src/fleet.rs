@@ -18,6 +18,8 @@
 //!
 //! Bytes per endpoint per pod are `(RSS at N − RSS at N/10) / (0.9 N)`: the drains' buffers are
 //! in both readings and cancel out. "Above empty" is `RSS at N − RSS empty`, the target.
+//! Each reading is taken [`SETTLE`] after its load; the new pod's peak (VmHWM) is reported too,
+//! since a pod's memory limit has to hold the peak.
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
@@ -46,6 +48,9 @@ pub const CREATE_CLIENTS: usize = 8;
 /// The hanging endpoints' timeout (each of their attempts takes it).
 const HANG_TIMEOUT: &str = "2s";
 const MIB: f64 = 1024.0 * 1024.0;
+/// How long after a load RSS is read: jemalloc hands freed pages back after its 10 s decay, so
+/// a reading right after a load counts what the load's garbage left (the peak is read apart).
+const SETTLE: Duration = Duration::from_secs(12);
 
 fn hangs(i: usize) -> bool {
     i % HANG_EVERY == HANG_AT
@@ -90,12 +95,28 @@ pub struct Fleet {
     /// A new dispatcher on the full registry: seconds from spawn to `/readyz`, RSS at ready.
     pub new_pod_ready_s: f64,
     pub new_pod_rss_mib: f64,
+    /// Its RSS settled (after [`SETTLE`]) and its peak (VmHWM) by then.
+    pub new_pod_settled_rss_mib: f64,
+    pub new_pod_peak_rss_mib: f64,
     /// `POST /v1/endpoints` into the full registry from [`CREATE_CLIENTS`] clients.
     pub creates: usize,
     pub creates_per_s: f64,
     pub create_p50_ms: f64,
     pub create_p99_ms: f64,
     pub create_max_ms: f64,
+    /// Where the admin's registry writes spent their time (`hookline_control_registry_write_seconds`
+    /// over the whole phase: the creates, and the two imports' single writes).
+    pub write_steps: Vec<WriteStep>,
+}
+
+/// One step of `hookline_control_registry_write_seconds`.
+#[derive(Debug, Clone, Serialize, Default)]
+pub struct WriteStep {
+    pub step: String,
+    pub count: u64,
+    pub mean_ms: f64,
+    /// Upper bound of the bucket holding the 99th percentile.
+    pub p99_le_ms: f64,
 }
 
 impl Fleet {
@@ -147,8 +168,12 @@ impl Fleet {
         );
         let _ = writeln!(
             t,
-            "  new dispatcher pod: ready in {:.2} s (target <= 10), RSS {:.0} MiB",
-            self.new_pod_ready_s, self.new_pod_rss_mib
+            "  new dispatcher pod: ready in {:.2} s (target <= 10), RSS {:.0} MiB at ready, {:.0} MiB settled, peak {:.0} MiB ({:.0} MiB above the empty dispatcher)",
+            self.new_pod_ready_s,
+            self.new_pod_rss_mib,
+            self.new_pod_settled_rss_mib,
+            self.new_pod_peak_rss_mib,
+            self.new_pod_peak_rss_mib - self.dispatcher_rss_empty_mib
         );
         let _ = writeln!(
             t,
@@ -160,6 +185,17 @@ impl Fleet {
             self.create_p99_ms,
             self.create_max_ms
         );
+        let steps: Vec<String> = self
+            .write_steps
+            .iter()
+            .map(|s| {
+                format!(
+                    "{} {:.1} ms mean, p99 <= {:.0} ms",
+                    s.step, s.mean_ms, s.p99_le_ms
+                )
+            })
+            .collect();
+        let _ = writeln!(t, "  registry write steps: {}", steps.join("; "));
         t
     }
 }
@@ -253,7 +289,7 @@ pub async fn run(setup: &Setup<'_>, sink: &Sink) -> anyhow::Result<Fleet> {
     )
     .await?;
     out.small_healthy_per_s = small.per_s;
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    tokio::time::sleep(SETTLE).await;
     out.dispatcher_rss_tenth_mib = rss(dispatcher)?;
     out.admin_rss_tenth_mib = rss(admin)?;
 
@@ -266,7 +302,7 @@ pub async fn run(setup: &Setup<'_>, sink: &Sink) -> anyhow::Result<Fleet> {
     out.import_per_s = (n - tenth) as f64 / out.import_s.max(1e-9);
     wait_registry(&procs, n, Duration::from_secs(300)).await?;
     out.dispatcher_loaded_s = start.elapsed().as_secs_f64();
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    tokio::time::sleep(SETTLE).await;
     out.dispatcher_rss_full_mib = rss(dispatcher)?;
     out.admin_rss_full_mib = rss(admin)?;
     let per_endpoint = |full: f64, part: f64| (full - part) * MIB / (n - tenth) as f64;
@@ -310,6 +346,9 @@ pub async fn run(setup: &Setup<'_>, sink: &Sink) -> anyhow::Result<Fleet> {
     pod.wait_ready(Duration::from_secs(120)).await?;
     out.new_pod_ready_s = start.elapsed().as_secs_f64();
     out.new_pod_rss_mib = rss(pod.procs[0].pid)?;
+    tokio::time::sleep(SETTLE).await;
+    out.new_pod_settled_rss_mib = rss(pod.procs[0].pid)?;
+    out.new_pod_peak_rss_mib = stages::peak_rss(pod.procs[0].pid)? as f64 / MIB;
     pod.stop(Duration::from_secs(20)).await?;
 
     // 6. Creates over HTTP into the full registry.
@@ -318,6 +357,21 @@ pub async fn run(setup: &Setup<'_>, sink: &Sink) -> anyhow::Result<Fleet> {
     out.creates = setup.creates;
     out.creates_per_s = created.0;
     (out.create_p50_ms, out.create_p99_ms, out.create_max_ms) = created.1;
+    let text = procs.metrics_text("admin").await?;
+    const WRITE: &str = "hookline_control_registry_write_seconds";
+    for step in ["join", "transaction", "read_back", "acks", "commit"] {
+        let label = Some(("step", step));
+        let count = stages::sum_metric(&text, &format!("{WRITE}_count"), label);
+        let sum = stages::sum_metric(&text, &format!("{WRITE}_sum"), label);
+        out.write_steps.push(WriteStep {
+            step: step.into(),
+            count: count as u64,
+            mean_ms: sum * 1e3 / count.max(1.0),
+            p99_le_ms: stages::histogram_quantile(&text, WRITE, ("step", step), 0.99)
+                .unwrap_or(0.0)
+                * 1e3,
+        });
+    }
     procs.stop(Duration::from_secs(40)).await?;
     sink.set_hanging(false);
     Ok(out)

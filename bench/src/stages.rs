@@ -140,20 +140,24 @@ impl Stages {
         name: &str,
         label: Option<(&str, &str)>,
     ) -> anyhow::Result<f64> {
+        Ok(sum_metric(&self.metrics_text(stage).await?, name, label))
+    }
+
+    /// A stage's whole `/metrics` page.
+    pub async fn metrics_text(&self, stage: &str) -> anyhow::Result<String> {
         let p = self
             .procs
             .iter()
             .find(|p| p.name == stage)
             .with_context(|| format!("no stage named {stage}"))?;
-        let text = self
+        Ok(self
             .http
             .get(format!("http://{}/metrics", p.ops))
             .send()
             .await
             .with_context(|| format!("reading /metrics of {stage}"))?
             .text()
-            .await?;
-        Ok(sum_metric(&text, name, label))
+            .await?)
     }
 
     /// Stops the stages as [`Stages::stop`] does and starts them again with `config` (logs in
@@ -335,6 +339,44 @@ pub fn sum_metric(text: &str, name: &str, label: Option<(&str, &str)>) -> f64 {
         .sum()
 }
 
+/// The `q` quantile of histogram `name` (samples carrying `label`) in Prometheus text format:
+/// the upper bound of the first bucket holding that share of the count (None: no samples).
+pub fn histogram_quantile(text: &str, name: &str, label: (&str, &str), q: f64) -> Option<f64> {
+    let wanted = format!("{}=\"{}\"", label.0, label.1);
+    let bucket = format!("{name}_bucket{{");
+    let mut buckets: Vec<(f64, f64)> = text
+        .lines()
+        .filter_map(|l| {
+            let rest = l.strip_prefix(&bucket)?;
+            let end = rest.find('}')?;
+            let labels = &rest[..end];
+            if !labels.split(',').any(|l| l == wanted) {
+                return None;
+            }
+            let le = labels
+                .split(',')
+                .find_map(|l| l.strip_prefix("le=\""))?
+                .trim_end_matches('"');
+            let le = if le == "+Inf" {
+                f64::INFINITY
+            } else {
+                le.parse().ok()?
+            };
+            let count = rest[end + 1..].split_whitespace().next()?.parse().ok()?;
+            Some((le, count))
+        })
+        .collect();
+    buckets.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let total = buckets.last()?.1;
+    if total <= 0.0 {
+        return None;
+    }
+    buckets
+        .iter()
+        .find(|(_, c)| *c >= q * total)
+        .map(|(le, _)| *le)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -363,6 +405,28 @@ mod tests {
             sum_metric(text, "hookline_deduper_duplicates_total", None),
             5.0
         );
+    }
+
+    #[test]
+    fn reads_a_quantile_from_buckets() {
+        let text = "h_bucket{step=\"a\",le=\"0.001\"} 10\n\
+            h_bucket{step=\"a\",le=\"0.01\"} 98\n\
+            h_bucket{step=\"a\",le=\"+Inf\"} 100\n\
+            h_bucket{step=\"b\",le=\"0.001\"} 0\n\
+            h_bucket{step=\"b\",le=\"+Inf\"} 0\n";
+        assert_eq!(
+            histogram_quantile(text, "h", ("step", "a"), 0.5),
+            Some(0.01)
+        );
+        assert_eq!(
+            histogram_quantile(text, "h", ("step", "a"), 0.05),
+            Some(0.001)
+        );
+        assert_eq!(
+            histogram_quantile(text, "h", ("step", "a"), 0.99),
+            Some(f64::INFINITY)
+        );
+        assert_eq!(histogram_quantile(text, "h", ("step", "b"), 0.5), None);
     }
 
     #[test]

@@ -84,6 +84,9 @@ impl Tail {
             .set("isolation.level", "read_committed")
             .set("auto.offset.reset", "earliest")
             .set("fetch.wait.max.ms", "20")
+            // librdkafka's prefetch (64 MiB by default) was most of the ~80 MiB a dispatcher's
+            // RSS rose above its settled size while loading 100,000 endpoints (issue 35).
+            .set("queued.max.messages.kbytes", "8192")
             .create_with_context(EofQuietContext("control-plane reader"))
             .with_context(|| format!("creating the {name} reader"))?;
         let consumer = Arc::new(consumer);
