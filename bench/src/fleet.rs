@@ -447,13 +447,7 @@ async fn import(
         .create(true)
         .append(true)
         .open(&log)?;
-    let mut cmd = tokio::process::Command::new(hookline);
-    for (k, _) in std::env::vars() {
-        if k.starts_with("HOOKLINE_") {
-            cmd.env_remove(k);
-        }
-    }
-    let status = cmd
+    let status = tokio::process::Command::from(stages::hookline_command(hookline))
         .arg("--config")
         .arg(config)
         .args(["endpoints", "import"])

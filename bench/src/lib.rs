@@ -71,11 +71,7 @@ pub async fn run(opts: Options) -> anyhow::Result<Report> {
     opts.validate()?;
     let machine = Machine::read();
     let date = humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string();
-    let prefix = format!(
-        "bench-{:x}-{}",
-        (sink::unix_ns() / 1_000_000) & 0xff_ffff,
-        std::process::id()
-    );
+    let prefix = run_prefix();
     let dir = opts.out_dir.join(&prefix);
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
     let sink = sink::Sink::start().await?;
@@ -460,16 +456,21 @@ endpoint = \"{}\"
     Ok(report)
 }
 
+/// The topic prefix (and output directory name) of one run.
+fn run_prefix() -> String {
+    format!(
+        "bench-{:x}-{}",
+        (sink::unix_ns() / 1_000_000) & 0xff_ffff,
+        std::process::id()
+    )
+}
+
 /// `--endpoints-only`: the many-endpoints phase alone (printed, and written as JSON beside the
 /// other reports).
 pub async fn run_endpoints_only(opts: Options) -> anyhow::Result<fleet::Fleet> {
     let opts = opts.resolved();
     opts.validate()?;
-    let prefix = format!(
-        "bench-{:x}-{}",
-        (sink::unix_ns() / 1_000_000) & 0xff_ffff,
-        std::process::id()
-    );
+    let prefix = run_prefix();
     let dir = opts.out_dir.join(&prefix);
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
     let sink = sink::Sink::start().await?;

@@ -49,14 +49,7 @@ impl Stages {
             let out = std::fs::File::create(&log)
                 .with_context(|| format!("creating {}", log.display()))?;
             let err = out.try_clone()?;
-            let mut cmd = Command::new(hookline);
-            // The bench's own environment must not reconfigure the stages behind its back.
-            for (k, _) in std::env::vars() {
-                if k.starts_with("HOOKLINE_") {
-                    cmd.env_remove(k);
-                }
-            }
-            let child = cmd
+            let child = hookline_command(hookline)
                 .arg("--config")
                 .arg(config)
                 .args(["run", name])
@@ -211,6 +204,18 @@ impl Drop for Stages {
             let _ = p.child.wait();
         }
     }
+}
+
+/// `hookline` without the bench's own `HOOKLINE_*` environment, which must not reconfigure
+/// the stages (or a CLI call) behind its back.
+pub fn hookline_command(hookline: &Path) -> Command {
+    let mut cmd = Command::new(hookline);
+    for (k, _) in std::env::vars() {
+        if k.starts_with("HOOKLINE_") {
+            cmd.env_remove(k);
+        }
+    }
+    cmd
 }
 
 /// A port nobody listens on now (bound and released; the stage binds it a moment later). Taken
